@@ -1,0 +1,3 @@
+"""pkobatch: a Job-based reconciler for Pulumi stacks on Kubernetes."""
+
+__version__ = "0.1.0"

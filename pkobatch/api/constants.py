@@ -1,0 +1,95 @@
+"""Names shared by every part of pkobatch: API group, labels, annotations, reasons.
+
+PKO's names (group, finalizer, reconcile-request annotation, condition types and reasons)
+are kept byte-for-byte so tools written for PKO keep working. pkobatch's own labels and
+annotations use the ``pkobatch.io/`` prefix.
+"""
+
+from typing import Final, Literal
+
+GROUP: Final = "pulumi.com"
+VERSION: Final = "v1"
+DEPRECATED_VERSION: Final = "v1alpha1"
+KIND: Final = "Stack"
+LIST_KIND: Final = "StackList"
+PLURAL: Final = "stacks"
+SINGULAR: Final = "stack"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+FINALIZER: Final = "finalizer.stack.pulumi.com"
+RECONCILE_REQUEST_ANNOTATION: Final = "pulumi.com/reconciliation-request"
+MAX_STACK_NAME_LENGTH: Final = 42
+
+PREFIX: Final = "pkobatch.io"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "pkobatch"
+STACK_LABEL: Final = f"{PREFIX}/stack"
+OPERATION_LABEL: Final = f"{PREFIX}/operation"
+RESULT_LABEL: Final = f"{PREFIX}/result"
+# Annotations the CLI writes to request a one-off operation (see docs/operations.md).
+OPERATION_REQUEST_ANNOTATION: Final = f"{PREFIX}/operation-request"
+ABANDON_ANNOTATION: Final = f"{PREFIX}/abandon"
+JOB_STACK_UID_ANNOTATION: Final = f"{PREFIX}/stack-uid"
+
+# Field managers: one per writer, as PKO does.
+FIELD_MANAGER_CONTROLLER: Final = "pkobatch-controller"
+FIELD_MANAGER_CLI: Final = "pkobatch-cli"
+FIELD_MANAGER_RUNNER: Final = "pkobatch-runner"
+
+RESULT_KEY: Final = "result.json"
+MAX_LABEL_VALUE_LENGTH: Final = 63
+
+Operation = Literal["up", "preview", "refresh", "destroy"]
+OPERATIONS: Final[tuple[Operation, ...]] = ("up", "preview", "refresh", "destroy")
+
+# Condition types (kstatus "ready protocol").
+CONDITION_READY: Final = "Ready"
+CONDITION_RECONCILING: Final = "Reconciling"
+CONDITION_STALLED: Final = "Stalled"
+CONDITION_DRIFTED: Final = "Drifted"
+
+# Ready reasons.
+READY_COMPLETED_REASON: Final = "ProcessingCompleted"
+NOT_READY_IN_PROGRESS_REASON: Final = "NotReadyInProgress"
+NOT_READY_STALLED_REASON: Final = "NotReadyStalled"
+SUSPENDED_REASON: Final = "Suspended"
+# Reconciling reasons.
+RECONCILING_PROCESSING_REASON: Final = "StackProcessing"
+RECONCILING_RETRY_REASON: Final = "RetryingAfterFailure"
+RECONCILING_PREVIEW_FAILED_REASON: Final = "PreviewFailed"
+RECONCILING_PREREQUISITE_REASON: Final = "PrerequisiteNotSatisfied"
+# Stalled reasons.
+STALLED_SPEC_INVALID_REASON: Final = "SpecInvalid"
+STALLED_SOURCE_UNAVAILABLE_REASON: Final = "SourceUnavailable"
+STALLED_PULUMI_VERSION_TOO_LOW_REASON: Final = "PulumiVersionTooLow"
+STALLED_WORKSPACE_FAILED_REASON: Final = "WorkspaceFailed"
+STALLED_UPDATE_FAILED_REASON: Final = "UpdateFailed"
+STALLED_NAMESPACE_TERMINATING_REASON: Final = "NamespaceTerminating"
+STALLED_DESTROY_HELD_REASON: Final = "DestroyedOnRequest"
+
+# Result reasons written by the runner (closed set, DESIGN §3).
+ResultReason = Literal[
+    "Succeeded",
+    "UpdateConflict",
+    "InvalidAccessToken",
+    "SourceUnavailable",
+    "StackNotFound",
+    "ProgramError",
+    "Cancelled",
+    "DeadlineExceeded",
+    "Interrupted",
+    "InvalidSpec",
+    "JobFailed",
+]
+RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
+
+# Event reasons (PKO's).
+EVENT_UPDATE_DETECTED: Final = "StackUpdateDetected"
+EVENT_CREATED: Final = "StackCreated"
+EVENT_CONFIG_INVALID: Final = "StackConfigInvalid"
+EVENT_UPDATE_FAILURE: Final = "StackUpdateFailure"
+
+PKO_MAX_UPDATE_FAILURES: Final = 3
+PKO_MIN_RESYNC_SECONDS: Final = 60
+PKO_DEFAULT_MAX_BACKOFF_SECONDS: Final = 86400

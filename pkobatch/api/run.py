@@ -1,0 +1,116 @@
+"""The contract between the controller and the runner: what a run gets, what it returns.
+
+A ``RunSnapshot`` is everything one Job needs, frozen at Job creation: the controller's Job
+builder serialises it into the Job (argument ``--snapshot`` as JSON); the runner parses it
+and never reads the Stack. Secret *values* are never in the snapshot: it names the
+environment variables (filled by the kubelet from ``secretKeyRef``) that hold them.
+
+A ``RunResult`` is what the runner writes to the result ConfigMap under ``result.json``.
+Both carry ``schemaVersion`` so that a controller can reject a runner it does not
+understand instead of misreading it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pkobatch.api.constants import Operation, ResultReason
+
+SNAPSHOT_SCHEMA_VERSION: Final = "pkobatch.io/run-snapshot/v1"
+RESULT_SCHEMA_VERSION: Final = "pkobatch.io/run-result/v1"
+# Bounds that keep a result ConfigMap far below the 1 MiB object limit.
+MAX_MESSAGE_CHARS: Final = 4096
+MAX_RESULT_BYTES: Final = 512 * 1024
+SECRET_PLACEHOLDER: Final = "[secret]"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+class StackRef(_Model):
+    name: str
+    namespace: str
+    uid: str = ""
+
+
+class ProjectInfo(_Model):
+    name: str
+    runtime: str
+
+
+class ValueFromEnv(_Model):
+    """A config value whose content the kubelet puts into environment variable ``env``."""
+
+    env: str
+    secret: bool = False
+    json_value: bool = Field(default=False, alias="json")
+
+
+class GitAuthEnv(_Model):
+    """Names of the environment variables that hold git credentials (never the values)."""
+
+    username_env: str | None = Field(default=None, alias="usernameEnv")
+    password_env: str | None = Field(default=None, alias="passwordEnv")
+    token_env: str | None = Field(default=None, alias="tokenEnv")
+    ssh_private_key_env: str | None = Field(default=None, alias="sshPrivateKeyEnv")
+    ssh_passphrase_env: str | None = Field(default=None, alias="sshPassphraseEnv")
+
+
+class RunSnapshot(_Model):
+    schema_version: Literal["pkobatch.io/run-snapshot/v1"] = Field(
+        default=SNAPSHOT_SCHEMA_VERSION, alias="schemaVersion"
+    )
+    operation: Operation
+    # A drift check is a refresh in preview mode: it changes nothing and counts drift.
+    drift_check: bool = Field(default=False, alias="driftCheck")
+    stack: StackRef
+    job_name: str = Field(alias="jobName")
+    generation: int = 0
+    reconcile_request: str = Field(default="", alias="reconcileRequest")
+    # The canonical Stack spec (aliases normalised), exactly as the run must see it.
+    spec: dict[str, Any]
+    # Source commit the controller resolved for this run ("" = let the runner resolve it).
+    commit: str = ""
+    # Project info from the last successful run: lets destroy run when the source is gone.
+    project_info: ProjectInfo | None = Field(default=None, alias="projectInfo")
+    config_from_env: dict[str, ValueFromEnv] = Field(default_factory=dict, alias="configFromEnv")
+    git_auth: GitAuthEnv | None = Field(default=None, alias="gitAuth")
+    # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
+    result_config_map: str = Field(default="", alias="resultConfigMap")
+
+
+RunState = Literal["succeeded", "failed"]
+
+
+class RunResult(_Model):
+    schema_version: Literal["pkobatch.io/run-result/v1"] = Field(
+        default=RESULT_SCHEMA_VERSION, alias="schemaVersion"
+    )
+    operation: Operation
+    drift_check: bool = Field(default=False, alias="driftCheck")
+    state: RunState
+    reason: ResultReason
+    message: str = ""
+    stack: StackRef
+    job_name: str = Field(alias="jobName")
+    generation: int = 0
+    reconcile_request: str = Field(default="", alias="reconcileRequest")
+    commit: str = ""
+    start_time: datetime | None = Field(default=None, alias="startTime")
+    end_time: datetime | None = Field(default=None, alias="endTime")
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    secret_outputs: list[str] = Field(default_factory=list, alias="secretOutputs")
+    # Operation counts from Pulumi's summary, e.g. {"create": 2, "same": 1}.
+    changes: dict[str, int] = Field(default_factory=dict)
+    drifted_resources: int | None = Field(default=None, alias="driftedResources")
+    permalink: str = ""
+    pulumi_version: str = Field(default="", alias="pulumiVersion")
+    project_info: ProjectInfo | None = Field(default=None, alias="projectInfo")
+    truncated: bool = False
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)

@@ -1,0 +1,120 @@
+"""Controller settings, from the environment (``PKOBATCH_`` prefix) and command-line flags.
+
+Nested groups use ``__``: ``PKOBATCH_JOB__IMAGE``, ``PKOBATCH_LEADER_ELECTION__LEASE_DURATION``.
+Durations are Go-style strings ("30s", "5m", "1h30m"), the same syntax as in Stack specs.
+Priority is flags > environment > defaults: the click layer passes only the flags the user
+actually gave as keyword arguments to ``load_settings``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from pkobatch.api.durations import parse_duration
+
+
+def _duration(value: Any) -> Any:
+    return parse_duration(value) if isinstance(value, str) else value
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
+
+
+class JobSettings(BaseModel):
+    """How the controller builds each run's Job."""
+
+    image: str = Field(default="pkobatch/runner:0.1.0", description="default runner image")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str = Field(
+        default="pkobatch-runner",
+        description="ServiceAccount of runs whose Stack names none (must be bound to the "
+        "pkobatch-runner ClusterRole in the Stack's namespace)",
+    )
+    ttl_after_finished: Duration = Field(default=timedelta(hours=24))
+    active_deadline: Duration = Field(
+        default=timedelta(hours=1), description="per-run deadline unless spec.timeoutSeconds"
+    )
+    termination_grace_period: Duration = Field(default=timedelta(minutes=2))
+    history_limit: int = Field(default=5, ge=1, description="Jobs and results kept per Stack")
+    template_file: str = Field(
+        default="", description="Job template YAML replacing the built-in jobs/job-template.yaml"
+    )
+    # Runner command: overridden in development to run the local interpreter.
+    command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
+
+
+class RetrySettings(BaseModel):
+    """Failure backoff: base x 3^failures, capped (PKO's schedule)."""
+
+    base: Duration = Field(default=timedelta(seconds=10))
+    cap: Duration = Field(default=timedelta(hours=24))
+    max_failures: int = Field(default=3, ge=1)
+
+
+class LeaderElectionSettings(BaseModel):
+    enabled: bool = False
+    lease_name: str = "pkobatch-controller"
+    lease_namespace: str = Field(default="", description="default: the pod's namespace")
+    lease_duration: Duration = Field(default=timedelta(seconds=35))
+    renew_deadline: Duration = Field(default=timedelta(seconds=30))
+    retry_period: Duration = Field(default=timedelta(seconds=5))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PKOBATCH_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    kubeconfig: str = ""
+    context: str = ""
+    namespaces: CommaList = Field(default_factory=list, description="empty: all namespaces")
+    label_selector: str = ""
+    workers: int = Field(default=4, ge=1, le=256)
+    max_active_jobs: int = Field(default=50, ge=1, description="cluster-wide cap on running Jobs")
+    poll_interval: Duration = Field(
+        default=timedelta(seconds=60), description="git branch polling interval (minimum 60s)"
+    )
+    job: JobSettings = Field(default_factory=JobSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    metrics_addr: str = ":8080"
+    health_addr: str = ":8081"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("metrics_addr", "health_addr")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value in ("", "0"):
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{value!r} is not HOST:PORT or :PORT (use '0' to disable)")
+        return value
+
+
+class SettingsInvalid(Exception):
+    """Settings failed validation; the message lists every problem with its variable name."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with ``overrides`` (explicit flags) taking priority."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            path = "__".join(str(part) for part in error["loc"]).upper()
+            problems.append(f"PKOBATCH_{path}: {error['msg']}")
+        raise SettingsInvalid("invalid settings:\n  " + "\n  ".join(problems)) from exc

@@ -1,0 +1,535 @@
+"""The one place pkobatch talks to the Kubernetes API.
+
+Everything above this module works with plain dicts (the JSON the API server sends), never
+with the client library's generated models: the models of ``kubernetes`` 37.x validate with
+pydantic and reject fields they do not know (a pod-spec field newer than the client, any
+custom resource), and deserialising them is slow on hot paths. So this module uses the
+library only for what it is good at — kubeconfig / in-cluster credentials, TLS, the
+connection pool — and sends raw requests through ``ApiClient.call_api``.
+
+Errors are mapped to a small exception hierarchy (``NotFound``, ``Conflict``,
+``AlreadyExists``, ``Gone``, ``Forbidden``, ``Unauthorized``, ``Invalid``,
+``Unreachable``) so callers can decide without parsing status codes.
+
+Watches ask for bookmarks and use a *read* timeout (not a total one), so a silently dropped
+connection ends the stream instead of hanging forever (anchors.md §2.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+JSON = dict[str, Any]
+MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+JSON_PATCH: Final = "application/json-patch+json"
+DEFAULT_TIMEOUT: Final = (10.0, 60.0)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """An API resource: enough to build its URL paths."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+STACKS: Final = Resource("pulumi.com", "v1", "stacks", "Stack")
+JOBS: Final = Resource("batch", "v1", "jobs", "Job")
+PODS: Final = Resource("", "v1", "pods", "Pod")
+CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
+SECRETS: Final = Resource("", "v1", "secrets", "Secret")
+EVENTS: Final = Resource("events.k8s.io", "v1", "events", "Event")
+CORE_EVENTS: Final = Resource("", "v1", "events", "Event")
+SERVICEACCOUNTS: Final = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+NAMESPACES: Final = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+CRDS: Final = Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+)
+ROLES: Final = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLEBINDINGS: Final = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+CLUSTERROLES: Final = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+)
+CLUSTERROLEBINDINGS: Final = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
+)
+SELF_SUBJECT_ACCESS_REVIEWS: Final = Resource(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False
+)
+DEPLOYMENTS: Final = Resource("apps", "v1", "deployments", "Deployment")
+
+_BY_KIND: Final = {
+    (r.api_version, r.kind): r
+    for r in (
+        STACKS,
+        JOBS,
+        PODS,
+        CONFIGMAPS,
+        SECRETS,
+        EVENTS,
+        CORE_EVENTS,
+        SERVICEACCOUNTS,
+        NAMESPACES,
+        LEASES,
+        CRDS,
+        ROLES,
+        ROLEBINDINGS,
+        CLUSTERROLES,
+        CLUSTERROLEBINDINGS,
+        DEPLOYMENTS,
+    )
+}
+
+
+def resource_for(api_version: str, kind: str) -> Resource:
+    """The resource for a manifest's apiVersion and kind (only kinds pkobatch handles)."""
+    try:
+        return _BY_KIND[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"pkobatch does not handle {kind} in {api_version}") from None
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class AlreadyExists(Conflict):
+    pass
+
+
+class Gone(KubeError):
+    pass
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Unauthorized(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    pass
+
+
+class Unreachable(KubeError):
+    pass
+
+
+def _error_from(status: int, body: bytes | str | None) -> KubeError:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    reason, message = "", text.strip()
+    try:
+        status_obj = json.loads(text)
+        reason = str(status_obj.get("reason", ""))
+        message = str(status_obj.get("message", message))
+    except (ValueError, AttributeError):
+        pass
+    if status == 404:
+        return NotFound(status, reason or "NotFound", message)
+    if status == 409:
+        cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+        return cls(status, reason or "Conflict", message)
+    if status == 410:
+        return Gone(status, reason or "Expired", message)
+    if status == 403:
+        return Forbidden(status, reason or "Forbidden", message)
+    if status == 401:
+        return Unauthorized(status, reason or "Unauthorized", message)
+    if status == 422:
+        return Invalid(status, reason or "Invalid", message)
+    return KubeError(status, reason or "Error", message)
+
+
+RequestHook = Callable[[str, str, int], None]
+"""Called after every request with (method, path, status) — used for metrics."""
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED | MODIFIED | DELETED | BOOKMARK
+    object: JSON
+
+
+class WatchStream:
+    """One watch request. Iterate for events; ``stop()`` from another thread ends it."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
+        self._response = response
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with contextlib.suppress(OSError, AttributeError):
+            self._response.shutdown()
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        buffer = b""
+        try:
+            for chunk in self._response.stream(64 * 1024, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield self._event(line)
+            if buffer.strip() and not self._stopped.is_set():
+                yield self._event(buffer)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if not self._stopped.is_set():
+                raise Unreachable(0, "WatchInterrupted", f"watch stream broke: {exc}") from exc
+        finally:
+            self._response.release_conn()
+
+    @staticmethod
+    def _event(line: bytes) -> WatchEvent:
+        event = json.loads(line)
+        obj = event.get("object") or {}
+        if event.get("type") == "ERROR":
+            raise _error_from(int(obj.get("code", 500)), json.dumps(obj))
+        return WatchEvent(type=str(event["type"]), object=obj)
+
+
+class Kube:
+    """A thin, thread-safe client for raw JSON requests against one cluster."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, on_request: RequestHook | None = None):
+        self._api = api_client
+        self._on_request = on_request
+
+    @classmethod
+    def connect(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        on_request: RequestHook | None = None,
+        qps_pool: int = 16,
+    ) -> Kube:
+        """In-cluster credentials when running in a pod (and no kubeconfig was named), else the
+        kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        configuration = k8s_client.Configuration()
+        try:
+            if kubeconfig is None and context is None:
+                try:
+                    k8s_config.load_incluster_config(client_configuration=configuration)
+                except ConfigException:
+                    k8s_config.load_kube_config(client_configuration=configuration)
+            else:
+                k8s_config.load_kube_config(
+                    config_file=kubeconfig, context=context, client_configuration=configuration
+                )
+        except (ConfigException, OSError) as exc:
+            raise Unreachable(
+                0,
+                "NoConfiguration",
+                f"cannot load Kubernetes credentials ({exc}); pass --kubeconfig or set KUBECONFIG",
+            ) from exc
+        configuration.connection_pool_maxsize = qps_pool
+        return cls(k8s_client.ApiClient(configuration), on_request)
+
+    @property
+    def host(self) -> str:
+        return str(self._api.configuration.host)
+
+    def close(self) -> None:
+        self._api.close()
+
+    # -- raw requests -------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] = DEFAULT_TIMEOUT,
+    ) -> Any:
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        for key, value in params.items():
+            if isinstance(value, bool):
+                params[key] = "true" if value else "false"
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        _, url, header_params, serialized, _ = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        if params:
+            url += "?" + urlencode(params)
+        try:
+            response = self._api.call_api(
+                method, url, header_params=header_params, body=serialized, _request_timeout=timeout
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._on_request:
+                self._on_request(method, path, 0)
+            status = getattr(exc, "status", 0) or 0
+            if status:
+                raise _error_from(status, getattr(exc, "body", "")) from exc
+            raise Unreachable(0, "Unreachable", f"cannot reach {self.host}: {exc}") from exc
+        if self._on_request:
+            self._on_request(method, path, response.status)
+        return response
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] = DEFAULT_TIMEOUT,
+    ) -> JSON:
+        response = self._send(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout
+        )
+        data = response.read()
+        if response.status >= 400:
+            raise _error_from(response.status, data)
+        if not data:
+            return {}
+        decoded = json.loads(data)
+        return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+    def request_text(self, path: str, *, query: Mapping[str, Any] | None = None) -> str:
+        """GET a non-JSON endpoint (e.g. /metrics, /version text)."""
+        response = self._send("GET", path, query=query)
+        data = response.read()
+        if response.status >= 400:
+            raise _error_from(response.status, data)
+        return str(data.decode("utf-8", "replace"))
+
+    # -- typed helpers over resources ---------------------------------------------------
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
+        return self.request("GET", res.path(namespace, name))
+
+    def get_or_none(self, res: Resource, name: str, namespace: str | None = None) -> JSON | None:
+        try:
+            return self.get(res, name, namespace)
+        except NotFound:
+            return None
+
+    def list_objects(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> tuple[list[JSON], str]:
+        """All items (following ``continue`` tokens) and the list's resourceVersion."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            page = self.request(
+                "GET",
+                res.path(namespace),
+                query={
+                    "labelSelector": label_selector,
+                    "fieldSelector": field_selector,
+                    "limit": page_size,
+                    "continue": token,
+                },
+            )
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", res.api_version)
+                item.setdefault("kind", res.kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
+
+    def create(self, res: Resource, body: JSON, namespace: str | None = None) -> JSON:
+        return self.request("POST", res.path(namespace), body=body)
+
+    def replace(self, res: Resource, body: JSON, namespace: str | None = None) -> JSON:
+        name = body["metadata"]["name"]
+        return self.request("PUT", res.path(namespace, name), body=body)
+
+    def merge_patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: JSON,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> JSON:
+        return self.request(
+            "PATCH",
+            res.path(namespace, name, subresource),
+            query={"fieldManager": field_manager},
+            body=patch,
+            content_type=MERGE_PATCH,
+        )
+
+    def json_patch(
+        self,
+        res: Resource,
+        name: str,
+        operations: list[JSON],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> JSON:
+        return self.request(
+            "PATCH",
+            res.path(namespace, name, subresource),
+            query={"fieldManager": field_manager},
+            body=operations,
+            content_type=JSON_PATCH,
+        )
+
+    def apply(
+        self,
+        res: Resource,
+        body: JSON,
+        *,
+        field_manager: str,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        force: bool = True,
+        dry_run: bool = False,
+    ) -> JSON:
+        """Server-side apply (the body is full intent for the fields this manager owns)."""
+        name = body["metadata"]["name"]
+        return self.request(
+            "PATCH",
+            res.path(namespace or body["metadata"].get("namespace"), name, subresource),
+            query={
+                "fieldManager": field_manager,
+                "force": force,
+                "dryRun": "All" if dry_run else None,
+            },
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+
+    def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str = "Background",
+        uid: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> JSON:
+        body: JSON = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
+        return self.request("DELETE", res.path(namespace, name), body=body)
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str = "",
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        read_timeout: float = 90.0,
+    ) -> WatchStream:
+        """Start a watch; the server ends it after ``timeout_seconds``; no bytes for
+        ``read_timeout`` seconds (bookmarks come about once a minute) ends it with
+        ``Unreachable``."""
+        headers = {"Accept": "application/json"}
+        _, url, header_params, _, _ = self._api.param_serialize(
+            method="GET",
+            resource_path=res.path(namespace),
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version or None,
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "timeoutSeconds": timeout_seconds,
+        }
+        url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        pool = self._api.rest_client.pool_manager
+        try:
+            response = pool.request(
+                "GET",
+                url,
+                headers=header_params,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=read_timeout),
+                retries=False,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._on_request:
+                self._on_request("WATCH", res.path(namespace), 0)
+            raise Unreachable(0, "Unreachable", f"cannot reach {self.host}: {exc}") from exc
+        if self._on_request:
+            self._on_request("WATCH", res.path(namespace), response.status)
+        if response.status >= 400:
+            data = response.read()
+            response.release_conn()
+            raise _error_from(response.status, data)
+        return WatchStream(response)

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build the real components pkobatch's tests run against (etcd, kube-apiserver,
+# kube-controller-manager, the Pulumi CLI and Python language host) from the Go module
+# proxy into a cache directory keyed by name and version. Idempotent: a component whose
+# stamp file exists is reused. Versions are pinned in pkobatch/dev/versions.env.
+#
+#   scripts/tools.sh          build what is missing, print the directories
+#   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
+#   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=../pkobatch/dev/versions.env
+. "$here/pkobatch/dev/versions.env"
+TOOLS=${PKOBATCH_TOOLS_DIR:-$HOME/.cache/pkobatch/tools}
+mkdir -p "$TOOLS"
+export CGO_ENABLED=0 GOFLAGS=-modcacherw GOTOOLCHAIN=local GOPROXY=${GOPROXY:-https://proxy.golang.org,direct}
+
+step=""
+trap 'rc=$?; [ $rc -ne 0 ] && echo "tools.sh: FAILED at step: $step (exit $rc); see the output above" >&2' EXIT
+say() { printf '[tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+need() { command -v "$1" >/dev/null || { echo "tools.sh: '$1' is required but not on PATH" >&2; exit 1; }; }
+need go
+need python3
+
+build_etcd() {
+  local out="$TOOLS/etcd-$ETCD_VERSION"
+  if [ -f "$out/.stamp" ]; then say "etcd $ETCD_VERSION: cached in $out"; return; fi
+  if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then
+    step="link etcd from KUBEBUILDER_ASSETS"; mkdir -p "$out"; ln -sf "$KUBEBUILDER_ASSETS/etcd" "$out/etcd"
+    "$out/etcd" --version >/dev/null; touch "$out/.stamp"; say "etcd: using $KUBEBUILDER_ASSETS"; return
+  fi
+  local w; w=$(mktemp -d); ( cd "$w"
+    step="etcd: resolve modules"; say "etcd $ETCD_VERSION: resolving modules"
+    go mod init pkobatch-tools/etcd >/dev/null 2>&1
+    go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+    step="etcd: build"; say "etcd $ETCD_VERSION: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+      -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 )
+  rm -rf "$w"
+  step="etcd: verify"; "$out.tmp/etcd" --version | head -1 >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+}
+
+build_kubernetes() {
+  local K=$KUBERNETES_VERSION out="$TOOLS/kubernetes-$KUBERNETES_VERSION"
+  if [ -f "$out/.stamp" ]; then say "kubernetes $K: cached in $out"; return; fi
+  if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/kube-controller-manager" ]; then
+    step="link kubernetes from KUBEBUILDER_ASSETS"; mkdir -p "$out"
+    ln -sf "$KUBEBUILDER_ASSETS/kube-apiserver" "$out/kube-apiserver"
+    ln -sf "$KUBEBUILDER_ASSETS/kube-controller-manager" "$out/kube-controller-manager"
+    touch "$out/.stamp"; say "kubernetes: using $KUBEBUILDER_ASSETS"; return
+  fi
+  local S="v0.${K#v1.}" MIN w
+  MIN=${S#v0.}; MIN=${MIN%%.*}
+  w=$(mktemp -d); ( cd "$w"
+    step="kubernetes: resolve modules"; say "kubernetes $K: resolving modules"
+    go mod init pkobatch-tools/kubernetes >/dev/null 2>&1
+    J=$(go mod download -json "k8s.io/kubernetes@$K")
+    go mod edit -require="k8s.io/kubernetes@$K"
+    GOMOD=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+    COMMIT=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin).get("Origin",{}).get("Hash",""))')
+    GD=$(awk '$1=="godebug" && $2 ~ /^default=/ {print $2}' "$GOMOD")
+    if [ -n "$GD" ]; then go mod edit -godebug="$GD"; fi
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 with local replaces that a
+    # consumer ignores: point each at its published v0.<minor>.<patch>.
+    for m in $(awk '$2=="=>" && $3 ~ /^\.\/staging\/src\// {print $1}' "$GOMOD"); do
+      go mod edit -replace="$m=$m@$S"
+    done
+    go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K" "k8s.io/kubernetes/cmd/kube-controller-manager@$K"
+    LDF="-s -w"; BD=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      LDF="$LDF -X $p.gitVersion=$K -X $p.gitMajor=1 -X $p.gitMinor=$MIN -X $p.gitTreeState=clean -X $p.buildDate=$BD"
+      if [ -n "$COMMIT" ]; then LDF="$LDF -X $p.gitCommit=$COMMIT"; fi
+    done
+    mkdir -p "$out.tmp"
+    for c in kube-apiserver kube-controller-manager; do
+      step="kubernetes: build $c"; say "kubernetes $K: building $c"
+      go build -trimpath -buildvcs=false -tags selinux,notest,grpcnotrace -ldflags "$LDF" \
+        -o "$out.tmp/$c" "k8s.io/kubernetes/cmd/$c"
+    done )
+  rm -rf "$w"
+  step="kubernetes: verify"; "$out.tmp/kube-apiserver" --version >&2; "$out.tmp/kube-controller-manager" --version >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+}
+
+build_pulumi() {
+  local V=$PULUMI_VERSION out="$TOOLS/pulumi-$PULUMI_VERSION"
+  if [ -f "$out/.stamp" ]; then say "pulumi $V: cached in $out"; return; fi
+  local existing; existing=$(command -v pulumi || true)
+  if [ -n "$existing" ] && [ "$(pulumi version 2>/dev/null)" = "v$V" ] \
+     && [ -x "$(dirname "$existing")/pulumi-language-python" ] && [ -f "$(dirname "$existing")/pulumi-language-python-exec" ]; then
+    step="link existing pulumi"; mkdir -p "$out"
+    for f in pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python; do
+      ln -sf "$(dirname "$existing")/$f" "$out/$f"
+    done
+    touch "$out/.stamp"; say "pulumi: using $existing"; return
+  fi
+  local w; w=$(mktemp -d); ( cd "$w"
+    step="pulumi: resolve modules"; say "pulumi $V: resolving modules"
+    go mod init pkobatch-tools/pulumi >/dev/null 2>&1
+    go mod edit -replace=github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e
+    go get -tool "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@v$V" \
+      "github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3@$PULUMI_LANGUAGE_HOST_COMMIT"
+    go get "github.com/pulumi/pulumi/sdk/v3@v$V"
+    for m in github.com/pulumi/pulumi/pkg/v3 github.com/pulumi/pulumi/sdk/v3; do
+      got=$(go list -m -f '{{.Version}}' "$m")
+      [ "$got" = "v$V" ] || { echo "tools.sh: $m resolved to $got, expected v$V" >&2; exit 1; }
+    done
+    LDF="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$V"
+    mkdir -p "$out.tmp"
+    step="pulumi: build pulumi-language-python"; say "pulumi $V: building pulumi-language-python"
+    go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace -ldflags "$LDF" -o "$out.tmp/pulumi-language-python" \
+      github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3
+    step="pulumi: build pulumi"; say "pulumi $V: building pulumi (the long one)"
+    go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace -ldflags "$LDF" -o "$out.tmp/pulumi" \
+      github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+    SDK=$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)
+    install -m 0755 "$SDK/python/cmd/pulumi-language-python-exec" "$out.tmp/"
+    install -m 0755 "$SDK/python/dist/pulumi-resource-pulumi-python" "$out.tmp/" )
+  rm -rf "$w"
+  step="pulumi: verify"
+  got=$("$out.tmp/pulumi" version)
+  [ "$got" = "v$V" ] || { echo "tools.sh: built pulumi reports '$got', expected v$V" >&2; exit 1; }
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+}
+
+want=${*:-etcd kubernetes pulumi}
+start=$(date +%s)
+for t in $want; do "build_$t"; done
+step=""
+say "done in $(( $(date +%s) - start ))s; tools in $TOOLS ($(du -sh "$TOOLS" | cut -f1))"
