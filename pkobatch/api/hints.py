@@ -1,0 +1,30 @@
+"""CRD schema hints carried in ``Annotated`` metadata of the Stack models.
+
+The CRD is generated from the pydantic models (``pkobatch.api.crd``). Most of a field's
+schema follows from its Python type; a ``CrdHint`` adds what the type cannot say (an
+integer's ``format``, a list's ``x-kubernetes-list-type``) or replaces the generated schema
+outright where the API server must accept more than the model's canonical type (the alias
+dialect, free-form templates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, eq=False)  # identity hash: typing hashes Annotated metadata
+class CrdHint:
+    # Replaces the schema derived from the type (descriptions are still added).
+    schema: Mapping[str, Any] | None = None
+    # Merged into the derived (or replacing) schema.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+PRESERVE_UNKNOWN: Mapping[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+FREE_FORM_OBJECT = CrdHint(schema={"type": "object", **PRESERVE_UNKNOWN})
+ANY_JSON = CrdHint(schema=PRESERVE_UNKNOWN)
+INT64 = CrdHint(extra={"format": "int64"})
+INT32 = CrdHint(extra={"format": "int32"})
+ATOMIC_LIST = CrdHint(extra={"x-kubernetes-list-type": "atomic"})
