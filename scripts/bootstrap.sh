@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine: Debian packages, the project virtualenv, and the real test
+# binaries (scripts/tools.sh, cached by version). Idempotent; every step says what it does.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+missing=()
+for tool in git openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+command -v go >/dev/null || missing+=(golang-go)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"
+  else echo "bootstrap: please install ${missing[*]} (apt-get install ${missing[*]})" >&2; exit 1; fi
+fi
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "bootstrap: Python 3.11 or newer is required (found $("$PY" --version))" >&2; exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PY" -m venv .venv
+fi
+say "installing pkobatch and its development tools into .venv"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+
+say "building (or reusing) etcd, kube-apiserver, kube-controller-manager and the Pulumi CLI"
+bash scripts/tools.sh

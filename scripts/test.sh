@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run every check and every test (unit, integration against a real control plane, end to
+# end with the real Pulumi CLI). This is the README's test command and what CI runs.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/bootstrap.sh
+
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== ruff" >&2
+ruff check .
+ruff format --check .
+echo "== mypy --strict" >&2
+mypy --strict pkobatch
+echo "== import-linter" >&2
+lint-imports
+echo "== pytest" >&2
+# Integration and e2e tests fail (never skip) when a real binary is missing.
+export CI="${CI:-true}"
+set +e
+pytest "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then echo "test.sh: pytest ran no tests; that is a failure" >&2; exit 1; fi
+exit $rc
