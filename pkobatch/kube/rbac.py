@@ -1,0 +1,79 @@
+"""Every Kubernetes API call pkobatch makes, as (API group, resource, verb).
+
+This list is the source of truth for the RBAC in ``deploy/kustomize``: a unit test renders
+the manifests and fails when a role grants less (a call would be forbidden) or more (least
+privilege) than these calls need. When you add an API call to the controller or the runner,
+append it here in the same change; the test then names the manifest rule to update.
+
+Two deliberate limits, documented in ``docs/install.md``:
+
+- Secrets: the controller may only ``get`` them (git credentials for branch polling). It never
+  lists or watches Secrets; run pods receive secret values through the kubelet.
+- Leases: the controller uses them only in its own namespace (leader election), so they are
+  granted by a Role there, not by the cluster-wide ClusterRole.
+
+The group of the core API is the empty string. Subresources are written ``stacks/status``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ApiCall = tuple[str, str, str]
+"""(API group, resource, verb), e.g. ``("batch", "jobs", "create")``."""
+
+CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
+    # Stacks: reflector (list/watch), finalizer and annotation writes.
+    ("pulumi.com", "stacks", "get"),
+    ("pulumi.com", "stacks", "list"),
+    ("pulumi.com", "stacks", "watch"),
+    ("pulumi.com", "stacks", "update"),
+    ("pulumi.com", "stacks", "patch"),
+    ("pulumi.com", "stacks/status", "get"),
+    ("pulumi.com", "stacks/status", "update"),
+    ("pulumi.com", "stacks/status", "patch"),
+    # Owner references with blockOwnerDeletion need update on the owner's finalizers.
+    ("pulumi.com", "stacks/finalizers", "update"),
+    # One Job per run.
+    ("batch", "jobs", "get"),
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("batch", "jobs", "create"),
+    ("batch", "jobs", "delete"),
+    # Result ConfigMaps written by the runner; deleted with history pruning.
+    ("", "configmaps", "get"),
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
+    ("", "configmaps", "delete"),
+    # Pods of run Jobs: why a Job failed without a result (OOM, image pull, eviction).
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    # Git credentials for branch polling; the only Secret access (see the module docstring).
+    ("", "secrets", "get"),
+    # Leader election, in the controller's own namespace only.
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
+    # A Stack in a terminating namespace cannot start new runs.
+    ("", "namespaces", "get"),
+)
+
+# Granted by a Role in the controller's namespace instead of the ClusterRole.
+CONTROLLER_OWN_NAMESPACE_RESOURCES: Final[frozenset[tuple[str, str]]] = frozenset(
+    {("coordination.k8s.io", "leases")}
+)
+
+RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
+    # The run reads its own Job (UID for the result's owner reference).
+    ("batch", "jobs", "get"),
+    # The run's result ConfigMap (named after the Job).
+    ("", "configmaps", "create"),
+    ("", "configmaps", "get"),
+    ("", "configmaps", "update"),
+    ("", "configmaps", "patch"),
+)

@@ -1,0 +1,73 @@
+"""The API call list in pkobatch/kube/rbac.py is well-formed and keeps its documented limits.
+
+The manifests are checked against this list in test_kustomize.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from pkobatch.kube import client
+from pkobatch.kube.rbac import (
+    CONTROLLER_API_CALLS,
+    CONTROLLER_OWN_NAMESPACE_RESOURCES,
+    RUNNER_API_CALLS,
+    ApiCall,
+)
+
+KUBERNETES_VERBS = {
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+}
+KNOWN_RESOURCES = {
+    (value.group, value.plural)
+    for value in vars(client).values()
+    if isinstance(value, client.Resource)
+}
+CALL_LISTS = {"controller": CONTROLLER_API_CALLS, "runner": RUNNER_API_CALLS}
+
+
+@pytest.mark.parametrize("owner", sorted(CALL_LISTS))
+def test_no_call_is_listed_twice(owner: str) -> None:
+    counts = Counter(CALL_LISTS[owner])
+    assert [call for call, n in counts.items() if n > 1] == []
+
+
+@pytest.mark.parametrize("owner", sorted(CALL_LISTS))
+def test_every_call_uses_a_kubernetes_verb(owner: str) -> None:
+    assert [call for call in CALL_LISTS[owner] if call[2] not in KUBERNETES_VERBS] == []
+
+
+@pytest.mark.parametrize("owner", sorted(CALL_LISTS))
+def test_every_call_names_a_resource_pkobatch_kube_defines(owner: str) -> None:
+    """Catches typos such as "configmap" or group "core" (the core group is "")."""
+
+    def base(call: ApiCall) -> tuple[str, str]:
+        return call[0], call[1].split("/")[0]
+
+    unknown = [call for call in CALL_LISTS[owner] if base(call) not in KNOWN_RESOURCES]
+    assert unknown == []
+
+
+def test_controller_reads_secrets_only_by_name() -> None:
+    """The documented exception: `get` for git credentials; never list or watch Secrets."""
+    secret_verbs = {verb for group, resource, verb in CONTROLLER_API_CALLS if resource == "secrets"}
+    assert secret_verbs == {"get"}
+
+
+def test_runner_touches_no_secrets_and_no_stacks() -> None:
+    resources = {resource for _, resource, _ in RUNNER_API_CALLS}
+    assert resources.isdisjoint({"secrets", "stacks", "stacks/status"})
+
+
+def test_own_namespace_resources_are_controller_calls() -> None:
+    called = {(group, resource) for group, resource, _ in CONTROLLER_API_CALLS}
+    assert called >= CONTROLLER_OWN_NAMESPACE_RESOURCES
