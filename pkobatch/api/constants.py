@@ -31,6 +31,8 @@ RESULT_LABEL: Final = f"{PREFIX}/result"
 OPERATION_REQUEST_ANNOTATION: Final = f"{PREFIX}/operation-request"
 ABANDON_ANNOTATION: Final = f"{PREFIX}/abandon"
 JOB_STACK_UID_ANNOTATION: Final = f"{PREFIX}/stack-uid"
+# The full Stack name on Jobs and result ConfigMaps (the stack label is hashed when > 63 chars).
+STACK_NAME_ANNOTATION: Final = f"{PREFIX}/stack-name"
 
 # Field managers: one per writer, as PKO does.
 FIELD_MANAGER_CONTROLLER: Final = "pkobatch-controller"

@@ -1,0 +1,37 @@
+"""``pkobatch controller`` option handling (the running controller is tested in
+tests/integration)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pkobatch.runtime.command import controller_command
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--workers", "0"], {}, "PKOBATCH_WORKERS"),
+        (["--metrics-addr", "nonsense"], {}, "PKOBATCH_METRICS_ADDR"),
+        ([], {"PKOBATCH_LEADER_ELECTION__LEASE_DURATION": "soon"}, "LEASE_DURATION"),
+        ([], {"PKOBATCH_MAX_ACTIVE_JOBS": "-1"}, "PKOBATCH_MAX_ACTIVE_JOBS"),
+    ],
+)
+def test_invalid_settings_exit_2_with_the_variable_named(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = CliRunner().invoke(controller_command, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "invalid settings" in result.output
+
+
+def test_bad_flag_type_is_a_usage_error() -> None:
+    result = CliRunner().invoke(controller_command, ["--workers", "many"])
+    assert result.exit_code == 2
+    assert "--workers" in result.output
+
+
+def test_command_is_named_controller() -> None:
+    assert controller_command.name == "controller"

@@ -1,0 +1,115 @@
+"""The object store, its by-Stack index and slimming."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pkobatch.api.constants import STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.runtime.interfaces import StackKey
+from pkobatch.runtime.store import Store, slim, stack_name_of
+
+
+def obj(
+    name: str,
+    rv: str = "1",
+    namespace: str = "ns",
+    *,
+    kind: str = "Job",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": rv}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    if owners:
+        meta["ownerReferences"] = owners
+    api_version = "pulumi.com/v1" if kind == "Stack" else "batch/v1"
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+
+
+def owner(name: str, *, controller: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": name, "controller": controller}
+
+
+def test_stack_name_prefers_annotation_then_controller_owner_then_label() -> None:
+    long_name = "s" * 80
+    assert stack_name_of(obj("s", kind="Stack")) == "s"
+    assert (
+        stack_name_of(
+            obj(
+                "j",
+                labels={STACK_LABEL: "hash-1234"},
+                annotations={STACK_NAME_ANNOTATION: long_name},
+                owners=[owner("other")],
+            )
+        )
+        == long_name
+    )
+    assert stack_name_of(obj("j", labels={STACK_LABEL: "x"}, owners=[owner("mine")])) == "mine"
+    assert (
+        stack_name_of(obj("j", labels={STACK_LABEL: "x"}, owners=[owner("y", controller=False)]))
+        == "x"
+    )
+    assert stack_name_of(obj("cm")) is None
+
+
+def test_index_follows_upserts_and_deletes() -> None:
+    store = Store()
+    job1 = obj("j1", labels={STACK_LABEL: "a"})
+    job2 = obj("j2", labels={STACK_LABEL: "a"})
+    store.upsert(job1)
+    store.upsert(job2)
+    store.upsert(obj("j3", labels={STACK_LABEL: "a"}, namespace="other"))
+    assert {j["metadata"]["name"] for j in store.for_stack("ns", "a")} == {"j1", "j2"}
+    # A relabelled object moves to its new Stack.
+    store.upsert(obj("j2", "2", labels={STACK_LABEL: "b"}))
+    assert [j["metadata"]["name"] for j in store.for_stack("ns", "a")] == ["j1"]
+    assert [j["metadata"]["name"] for j in store.for_stack("ns", "b")] == ["j2"]
+    assert store.delete(job1) is job1
+    assert store.for_stack("ns", "a") == []
+    assert store.get("ns", "j1") is None
+    assert len(store) == 2
+
+
+def test_replace_reports_changed_and_deleted_within_its_namespace() -> None:
+    store = Store()
+    store.upsert(obj("keep", "1"))
+    store.upsert(obj("bump", "1"))
+    store.upsert(obj("gone", "1"))
+    store.upsert(obj("elsewhere", "1", namespace="other"))
+    changed, deleted = store.replace([obj("keep", "1"), obj("bump", "2"), obj("new", "1")], "ns")
+    assert sorted(new["metadata"]["name"] for _, new in changed) == ["bump", "new"]
+    assert [old for old, new in changed if new["metadata"]["name"] == "new"] == [None]
+    assert [d["metadata"]["name"] for d in deleted] == ["gone"]
+    assert sorted(store.list_keys()) == [
+        StackKey("ns", "bump"),
+        StackKey("ns", "keep"),
+        StackKey("ns", "new"),
+        StackKey("other", "elsewhere"),
+    ]
+
+
+def test_replace_without_namespace_covers_everything() -> None:
+    store = Store()
+    store.upsert(obj("a", namespace="x"))
+    changed, deleted = store.replace([obj("b", namespace="y")])
+    assert [new["metadata"]["name"] for _, new in changed] == ["b"]
+    assert [d["metadata"]["name"] for d in deleted] == ["a"]
+    assert store.list_keys() == [StackKey("y", "b")]
+
+
+def test_slim_drops_managed_fields_and_last_applied() -> None:
+    big = obj(
+        "s",
+        annotations={
+            "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+            "keep": "me",
+        },
+    )
+    big["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    slim(big)
+    assert "managedFields" not in big["metadata"]
+    assert big["metadata"]["annotations"] == {"keep": "me"}
