@@ -482,6 +482,46 @@ class Kube:
             body["gracePeriodSeconds"] = grace_period_seconds
         return self.request("DELETE", res.path(namespace, name), body=body)
 
+    def stream_lines(
+        self, path: str, *, query: Mapping[str, Any] | None = None, read_timeout: float = 300.0
+    ) -> Iterator[str]:
+        """GET a streaming text endpoint (``pods/log?follow=true``) line by line until the
+        server ends it; no bytes for ``read_timeout`` seconds ends it with ``Unreachable``."""
+        _, url, header_params, _, _ = self._api.param_serialize(
+            method="GET", resource_path=path, header_params={}, auth_settings=["BearerToken"]
+        )
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        if params:
+            url += "?" + urlencode(params)
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET",
+                url,
+                headers=header_params,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=read_timeout),
+                retries=False,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unreachable(0, "Unreachable", f"cannot reach {self.host}: {exc}") from exc
+        if self._on_request:
+            self._on_request("GET", path, response.status)
+        try:
+            if response.status >= 400:
+                raise _error_from(response.status, response.read())
+            buffer = b""
+            for chunk in response.stream(64 * 1024, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    yield line.decode("utf-8", "replace") + "\n"
+            if buffer:
+                yield buffer.decode("utf-8", "replace")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unreachable(0, "StreamInterrupted", f"stream broke: {exc}") from exc
+        finally:
+            response.release_conn()
+
     def watch(
         self,
         res: Resource,

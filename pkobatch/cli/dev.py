@@ -1,0 +1,123 @@
+"""``pkobatch dev``: a local Kubernetes control plane, node agent and controller for
+development and demos (logic in ``pkobatch.dev``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pkobatch.dev.demo import Demo, DemoFailed
+from pkobatch.dev.supervisor import STATE_ENV, DevError, down, read_status, up
+from pkobatch.dev.supervisor import state_dir as resolve_state_dir
+from pkobatch.dev.tools import ToolsMissing
+from pkobatch.kube.logs import POD_LOG_DIR_ENV
+
+_STATE_HELP = f"state directory [env {STATE_ENV}; default ./.pkobatch/dev]"
+state_option = click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path), help=_STATE_HELP
+)
+
+
+def _console() -> Console:
+    return Console(stderr=True)
+
+
+def _print_environment(status: dict[str, Any]) -> None:
+    console = Console()
+    table = Table.grid(padding=(0, 2))
+    table.add_row("state", str(status.get("state")))
+    if status.get("error"):
+        table.add_row("error", str(status["error"]))
+    if status.get("state") != "running":
+        console.print(table)
+        return
+    table.add_row("supervisor", f"pid {status.get('supervisorPid')}")
+    table.add_row("API server", str(status.get("server", "-")))
+    for name, pid in (status.get("components") or {}).items():
+        table.add_row(f"  {name}", f"pid {pid}")
+    controller = status.get("controller") or {}
+    detail = controller.get("state", "-")
+    if "pid" in controller:
+        detail += f" (pid {controller['pid']})"
+    if "exitCode" in controller:
+        detail += f" with exit code {controller['exitCode']}; see {controller.get('log')}"
+    table.add_row("controller", detail)
+    table.add_row("running pods", ", ".join(status.get("runningPods") or []) or "-")
+    table.add_row("pulumi", str(status.get("pulumi") or "not built"))
+    console.print(table)
+
+
+@click.group("dev")
+def dev_group() -> None:
+    """Local control plane (real etcd, kube-apiserver, kube-controller-manager), a node agent
+    that runs pods as local processes, and the controller — for development and demos."""
+
+
+@dev_group.command("up")
+@state_option
+@click.option("--max-pods", type=int, default=4, show_default=True, help="pods run at once")
+@click.option("--no-controller", is_flag=True, help="start only the control plane and agent")
+@click.option("--timeout", type=float, default=180, show_default=True, help="seconds to wait")
+def up_command(state_dir: Path | None, max_pods: int, no_controller: bool, timeout: float) -> None:
+    """Start everything in the background."""
+    root = resolve_state_dir(state_dir)
+    try:
+        status = up(root, max_pods=max_pods, with_controller=not no_controller, timeout=timeout)
+    except (DevError, ToolsMissing) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_environment(status)
+    click.echo(
+        "\nPoint kubectl and pkobatch at it:\n"
+        f"  export KUBECONFIG={status['kubeconfig']}\n"
+        f"  export {POD_LOG_DIR_ENV}={status['podLogDir']}\n"
+        "Stop it with: pkobatch dev down"
+    )
+
+
+@dev_group.command("down")
+@state_option
+def down_command(state_dir: Path | None) -> None:
+    """Stop everything (no process and no listening port stays behind)."""
+    root = resolve_state_dir(state_dir)
+    if down(root):
+        click.echo(f"stopped the dev environment in {root}")
+    else:
+        click.echo(f"no dev environment runs in {root}")
+
+
+@dev_group.command("status")
+@state_option
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+def status_command(state_dir: Path | None, output: str) -> None:
+    """Show what runs; exit code 1 when the environment is not running."""
+    status = read_status(resolve_state_dir(state_dir))
+    if output == "json":
+        click.echo(json.dumps(status, indent=2))
+    else:
+        _print_environment(status)
+    if status.get("state") != "running":
+        raise SystemExit(1)
+
+
+@dev_group.command("demo")
+@state_option
+@click.option("--timeout", type=float, default=900, show_default=True, help="seconds per step")
+@click.option("--keep/--no-keep", default=True, show_default=True, help="leave it running")
+def demo_command(state_dir: Path | None, timeout: float, keep: bool) -> None:
+    """Build what is missing, then up, refresh and destroy a real Pulumi program through
+    a Stack."""
+    root = resolve_state_dir(state_dir)
+    demo = Demo(root, _console(), timeout=timeout)
+    try:
+        demo.run()
+    except (DemoFailed, DevError, ToolsMissing) as exc:
+        raise click.ClickException(f"demo stopped: {exc}") from exc
+    finally:
+        if demo.started_environment and not keep:
+            down(root)
+    click.echo("demo complete")

@@ -1,0 +1,371 @@
+"""A local Kubernetes control plane made of the real binaries: etcd, kube-apiserver and
+kube-controller-manager (DESIGN §5), listening on random free ports on 127.0.0.1.
+
+There is no kubelet and no scheduler: ``pkobatch.dev.node_agent`` runs the Job controller's
+pods. Layout of ``state_dir``::
+
+    pki/                 CA, serving cert, admin client cert, service-account key (kept)
+    etcd/                etcd data (wiped on every start: each start is a fresh cluster)
+    control-plane/*.log  output of etcd, kube-apiserver, kube-controller-manager
+    kubeconfig           admin kubeconfig (client certificate in system:masters)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from pkobatch.dev import processes
+from pkobatch.dev.kubeconfig import (
+    certificate_user,
+    kubeconfig,
+    request_token,
+    service_account_user,
+    write_kubeconfig,
+)
+from pkobatch.dev.pki import ADMIN_USER, Pki, ensure_pki
+from pkobatch.dev.tools import Tools, find_tools
+from pkobatch.kube.client import CRDS, SERVICEACCOUNTS, Kube, KubeError
+
+CONTROLLERS: Final = (
+    "job-controller",
+    "garbage-collector-controller",
+    "ttl-after-finished-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "namespace-controller",
+)
+FIELD_MANAGER: Final = "pkobatch-dev"
+# Unused documentation address (RFC 5737) for hosts without a usable interface address.
+_FALLBACK_ADVERTISE_ADDRESS: Final = "192.0.2.10"
+
+
+class ControlPlaneError(Exception):
+    """A component failed to start; the message carries the end of its log."""
+
+
+def repo_root() -> Path | None:
+    """The source checkout this package runs from (it has ``scripts/tools.sh``)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "scripts" / "tools.sh").is_file() else None
+
+
+def default_crds_dir() -> Path | None:
+    root = repo_root()
+    return root / "crds" if root and (root / "crds").is_dir() else None
+
+
+def advertise_address() -> str:
+    """The host's primary IPv4 address. kube-apiserver refuses loopback and cannot pick one
+    itself on a host without a default route (go-deps.md §4.2); nothing dials it here."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("192.0.2.1", 9))  # UDP: selects a route, sends nothing
+        address = str(sock.getsockname()[0])
+        if not address.startswith("127.") and address != "0.0.0.0":
+            return address
+    return _FALLBACK_ADVERTISE_ADDRESS
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    etcd_client_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    controller_manager_port: int
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def etcd(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_client_port}"
+
+
+class ControlPlane:
+    """Start with ``start()`` (or as a context manager); ``stop()`` leaves no process behind."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        tools: Tools | None = None,
+        *,
+        crds_dir: Path | None = None,
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.tools = tools or find_tools(("etcd", "kubernetes"))
+        self.crds_dir = crds_dir
+        self.pki = Pki(self.state_dir / "pki")
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.log_dir = self.state_dir / "control-plane"
+        self.endpoints: Endpoints | None = None
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        if self.endpoints is None:
+            raise RuntimeError("the control plane is not started")
+        return self.endpoints.server
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki.ca_cert
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self._processes.items()}
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        advertise = advertise_address()
+        ensure_pki(self.pki.directory, ["127.0.0.1", advertise])
+        self.endpoints = Endpoints(*(processes.free_port() for _ in range(4)))
+        try:
+            self._start_etcd(timeout)
+            self._start_apiserver(advertise, timeout)
+            write_kubeconfig(
+                self.kubeconfig,
+                kubeconfig(
+                    self.server,
+                    self.pki.ca_cert.read_bytes(),
+                    ADMIN_USER,
+                    certificate_user(
+                        self.pki.admin_cert.read_bytes(), self.pki.admin_key.read_bytes()
+                    ),
+                ),
+            )
+            self._start_controller_manager(timeout)
+            kube = self.admin()
+            try:
+                self._wait_for_default_service_account(kube, timeout)
+                if self.crds_dir is not None:
+                    install_crds(kube, self.crds_dir, timeout=timeout)
+            finally:
+                kube.close()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop in reverse order of start; each component gets a grace period to exit."""
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            process = self._processes.pop(name, None)
+            if process is not None:
+                processes.stop(process, grace=15.0)
+
+    def check_alive(self) -> None:
+        """``ControlPlaneError`` if a component has exited."""
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with code {process.returncode}:\n"
+                    + _tail(self.log_dir / f"{name}.log")
+                )
+
+    # -- clients --------------------------------------------------------------------------
+
+    def admin(self) -> Kube:
+        return Kube.connect(str(self.kubeconfig))
+
+    def service_account_kubeconfig(
+        self,
+        namespace: str,
+        service_account: str,
+        path: Path,
+        *,
+        expiration_seconds: int = 3600,
+    ) -> Path:
+        """Write a kubeconfig authenticating as ``namespace/service_account`` to ``path``."""
+        kube = self.admin()
+        try:
+            token = request_token(
+                kube, namespace, service_account, expiration_seconds=expiration_seconds
+            )
+        finally:
+            kube.close()
+        return write_kubeconfig(
+            path,
+            kubeconfig(
+                self.server,
+                self.pki.ca_cert.read_bytes(),
+                service_account_user(namespace, service_account),
+                {"token": token},
+            ),
+        )
+
+    # -- components -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = self.log_dir / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"")
+        self._processes[name] = processes.spawn(argv, log=log)
+
+    def _wait_healthy(
+        self, name: str, url: str, context: ssl.SSLContext | None, timeout: float
+    ) -> None:
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+
+        def healthy() -> bool:
+            self.check_alive()
+            try:
+                with opener.open(url, timeout=5) as response:
+                    return bool(response.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        try:
+            processes.wait_until(healthy, timeout=timeout, what=f"{name} at {url}")
+        except TimeoutError as exc:
+            raise ControlPlaneError(
+                f"{exc}; end of {self.log_dir / f'{name}.log'}:\n"
+                + _tail(self.log_dir / f"{name}.log")
+            ) from exc
+
+    def _start_etcd(self, timeout: float) -> None:
+        assert self.endpoints is not None
+        data = self.state_dir / "etcd"
+        shutil.rmtree(data, ignore_errors=True)
+        peer = f"http://127.0.0.1:{self.endpoints.etcd_peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                self.tools.binary("etcd", "etcd"),
+                "--name=pkobatch-dev",
+                f"--data-dir={data}",
+                f"--listen-client-urls={self.endpoints.etcd}",
+                f"--advertise-client-urls={self.endpoints.etcd}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=pkobatch-dev={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_healthy("etcd", f"{self.endpoints.etcd}/health", None, timeout)
+
+    def _start_apiserver(self, advertise: str, timeout: float) -> None:
+        assert self.endpoints is not None
+        pki = self.pki
+        self._spawn(
+            "kube-apiserver",
+            [
+                self.tools.binary("kubernetes", "kube-apiserver"),
+                f"--etcd-servers={self.endpoints.etcd}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.endpoints.apiserver_port}",
+                f"--advertise-address={advertise}",
+                f"--cert-dir={pki.directory}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.service_account_public_key}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                # Less background work on small CI machines; nothing here depends on them.
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+            ],
+        )
+        context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        self._wait_healthy("kube-apiserver", f"{self.server}/readyz", context, timeout)
+
+    def _start_controller_manager(self, timeout: float) -> None:
+        assert self.endpoints is not None
+        pki = self.pki
+        certs = self.state_dir / "control-plane" / "kcm-certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self.tools.binary("kubernetes", "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=false",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.endpoints.controller_manager_port}",
+                f"--cert-dir={certs}",
+                "--profiling=false",
+            ],
+        )
+        # kcm serves healthz with a self-signed certificate of its own.
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        self._wait_healthy(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{self.endpoints.controller_manager_port}/healthz",
+            insecure,
+            timeout,
+        )
+
+    def _wait_for_default_service_account(self, kube: Kube, timeout: float) -> None:
+        # The serviceaccount controller creates it; pods need it unless they name another.
+        def present() -> bool:
+            self.check_alive()
+            return kube.get_or_none(SERVICEACCOUNTS, "default", "default") is not None
+
+        processes.wait_until(present, timeout=timeout, what="the default ServiceAccount")
+
+
+def install_crds(kube: Kube, crds_dir: Path, *, timeout: float = 60.0) -> list[str]:
+    """Apply every CustomResourceDefinition in ``crds_dir/*.yaml`` and wait until each is
+    Established; the names installed."""
+    names: list[str] = []
+    for path in sorted(crds_dir.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not document or document.get("kind") != "CustomResourceDefinition":
+                continue
+            try:
+                kube.apply(CRDS, document, field_manager=FIELD_MANAGER)
+            except KubeError as exc:
+                raise ControlPlaneError(f"{path} was rejected by the API server: {exc}") from exc
+            names.append(str(document["metadata"]["name"]))
+
+    def established() -> bool:
+        for name in names:
+            conditions = (kube.get(CRDS, name).get("status") or {}).get("conditions") or []
+            if not any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            ):
+                return False
+        return True
+
+    processes.wait_until(established, timeout=timeout, what=f"CRDs {names} to be Established")
+    return names

@@ -1,0 +1,185 @@
+"""Key material for the local control plane: a CA, the API server's serving certificate, an
+admin client certificate (group ``system:masters``) and the service-account signing key.
+
+Generated once per state directory and reused, so tokens and kubeconfigs stay valid when a
+control plane is restarted on the same data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "pkobatch.dev needs the 'cryptography' package: pip install 'pkobatch[dev]'"
+    ) from exc
+
+_VALIDITY = datetime.timedelta(days=365)
+ADMIN_USER = "pkobatch-admin"
+
+
+@dataclass(frozen=True)
+class Pki:
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.directory / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.directory / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.directory / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.directory / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.directory / "sa.key"
+
+    @property
+    def service_account_public_key(self) -> Path:
+        return self.directory / "sa.pub"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _builder(subject: x509.Name, issuer: x509.Name) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+    )
+
+
+def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
+    """Create the key material in ``directory`` unless it is already complete."""
+    pki = Pki(directory)
+    wanted = (
+        pki.ca_cert,
+        pki.serving_cert,
+        pki.serving_key,
+        pki.admin_cert,
+        pki.admin_key,
+        pki.service_account_key,
+        pki.service_account_public_key,
+    )
+    if all(p.is_file() for p in wanted):
+        return pki
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("pkobatch-dev-ca")
+    ca_cert = (
+        _builder(ca_name, ca_name)
+        .public_key(ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(
+        subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+    ) -> tuple[bytes, bytes]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            _builder(subject, ca_name)
+            .public_key(key.public_key())
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+    serving_sans: list[x509.GeneralName] = [
+        x509.DNSName(name)
+        for name in (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        )
+    ]
+    serving_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted(set(serving_ips))]
+    serving_cert, serving_key = leaf(
+        _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, serving_sans
+    )
+    admin_cert, admin_key = leaf(
+        _name(ADMIN_USER, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, []
+    )
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(pki.ca_key, _key_pem(ca_key))
+    pki.serving_cert.write_bytes(serving_cert)
+    _write_private(pki.serving_key, serving_key)
+    pki.admin_cert.write_bytes(admin_cert)
+    _write_private(pki.admin_key, admin_key)
+    _write_private(pki.service_account_key, _key_pem(sa_key))
+    pki.service_account_public_key.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki

@@ -1,0 +1,151 @@
+"""Child processes that never outlive their owner.
+
+Every child runs in its own process group (so a stop reaches the grandchildren it spawned),
+is registered for an ``atexit`` sweep, and asks the kernel to SIGKILL it when the thread
+that started it dies (``PR_SET_PDEATHSIG``) — which also covers an owner killed with
+SIGKILL, where no Python cleanup runs. Because the death signal follows the *thread*, start
+children only from threads that live at least as long as the child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Final
+
+_PR_SET_PDEATHSIG: Final = 1
+_libc: Any = None
+with contextlib.suppress(OSError):
+    _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_live_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A currently unused TCP port on 127.0.0.1 (chosen by the kernel)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def prepare() -> None:
+        # Runs in the child between fork and exec: only async-signal-safe work here.
+        if _libc is not None:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return prepare
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: Path | IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new process group with stdout+stderr going to ``log``."""
+    handle: IO[bytes] | int
+    close_after = False
+    if isinstance(log, Path):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        handle = log.open("ab")
+        close_after = True
+    else:
+        handle = log if log is not None else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+    finally:
+        if close_after and not isinstance(handle, int):
+            handle.close()
+    with _live_lock:
+        _live[process.pid] = process
+    return process
+
+
+def signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds; the exit code."""
+    if process.poll() is None:
+        signal_group(process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    # The leader may be gone while a grandchild still holds the group: kill what is left.
+    signal_group(process, signal.SIGKILL)
+    code = process.wait()
+    forget(process)
+    return code
+
+
+def forget(process: subprocess.Popen[bytes]) -> None:
+    with _live_lock:
+        _live.pop(process.pid, None)
+
+
+def kill_all() -> None:
+    """SIGKILL every process group still registered (the last-resort sweep)."""
+    with _live_lock:
+        processes = list(_live.values())
+        _live.clear()
+    for process in processes:
+        signal_group(process, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+
+atexit.register(kill_all)
+
+
+def exit_on_termination_signals() -> None:
+    """Turn SIGTERM and SIGHUP into ``SystemExit`` so ``finally`` blocks, fixtures' teardown
+    and ``atexit`` run (their default action ends the process without any of them).
+    Only from the main thread; handlers someone else installed are kept."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, handler)
+
+
+def wait_until(
+    check: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str
+) -> None:
+    """Poll ``check`` until it returns true; ``TimeoutError`` naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,301 @@
+"""``pkobatch dev up|down|status``: the local environment as one background process.
+
+``up`` starts a detached supervisor (``python -m pkobatch.dev.supervisor``) that owns the
+control plane, the node agent and the controller (``python -m pkobatch.main controller``);
+every child dies with it (process groups + ``PR_SET_PDEATHSIG``), so stopping the
+supervisor — SIGTERM from ``down``, or even SIGKILL — stops everything. The supervisor
+records what runs in ``<state>/status.json``; ``status`` reads it back.
+
+State directory (default ``./.pkobatch/dev``, or ``$PKOBATCH_DEV_STATE``)::
+
+    supervisor.pid, supervisor.log, status.json
+    kubeconfig            admin kubeconfig of the running cluster
+    controller.log        the controller's output
+    logs/<ns>/<pod>.log   output of every pod (PKOBATCH_POD_LOG_DIR)
+    + the control plane's files (see pkobatch.dev.controlplane)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from pkobatch.dev import processes
+from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
+from pkobatch.dev.node_agent import NodeAgent
+from pkobatch.dev.tools import ToolsMissing, find_tools
+from pkobatch.kube.logs import POD_LOG_DIR_ENV
+
+STATE_ENV: Final = "PKOBATCH_DEV_STATE"
+DEFAULT_STATE: Final = Path(".pkobatch") / "dev"
+log = logging.getLogger("pkobatch.dev")
+
+
+class DevError(Exception):
+    """A dev command cannot do what was asked; the message says why and what to do."""
+
+
+def state_dir(explicit: str | Path | None = None) -> Path:
+    chosen = explicit or os.environ.get(STATE_ENV) or DEFAULT_STATE
+    return Path(chosen).resolve()
+
+
+@dataclass(frozen=True)
+class DevPaths:
+    root: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "supervisor.pid"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def controller_log(self) -> Path:
+        return self.root / "controller.log"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pod_log_dir(self) -> Path:
+        return self.root / "logs"
+
+
+def controller_env(paths: DevPaths, kubeconfig: Path) -> dict[str, str]:
+    """The controller's environment: Jobs run ``python -m pkobatch.main job run`` with this
+    interpreter (the node agent runs them on this host); probes on free loopback ports."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KUBECONFIG": str(kubeconfig),
+            "PKOBATCH_KUBECONFIG": str(kubeconfig),
+            "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+            "PKOBATCH_METRICS_ADDR": f"127.0.0.1:{processes.free_port()}",
+            "PKOBATCH_HEALTH_ADDR": f"127.0.0.1:{processes.free_port()}",
+            "PKOBATCH_LOG_FORMAT": "text",
+            POD_LOG_DIR_ENV: str(paths.pod_log_dir),
+        }
+    )
+    return env
+
+
+def _write_status(paths: DevPaths, status: dict[str, Any]) -> None:
+    temporary = paths.status_file.with_suffix(".tmp")
+    temporary.write_text(json.dumps(status, indent=2))
+    temporary.replace(paths.status_file)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def running_pid(paths: DevPaths) -> int | None:
+    try:
+        pid = int(paths.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+# -- the supervisor process ------------------------------------------------------------------
+
+
+def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
+    """Run everything until SIGTERM/SIGINT; the exit code."""
+    paths = DevPaths(root)
+    processes.exit_on_termination_signals()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    status: dict[str, Any] = {"state": "starting", "pid": os.getpid(), "stateDir": str(root)}
+    _write_status(paths, status)
+    control_plane: ControlPlane | None = None
+    agent: NodeAgent | None = None
+    controller: subprocess.Popen[bytes] | None = None
+    try:
+        tools = find_tools(("etcd", "kubernetes"))
+        with contextlib.suppress(ToolsMissing):
+            tools = find_tools(("etcd", "kubernetes", "pulumi"))
+        control_plane = ControlPlane(root, tools, crds_dir=default_crds_dir())
+        control_plane.start()
+        kube = control_plane.admin()
+        agent = NodeAgent(
+            kube,
+            server=control_plane.server,
+            ca_pem=control_plane.ca_file.read_bytes(),
+            state_dir=root,
+            path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
+            max_running=max_pods,
+        )
+        agent.start()
+        status.update(
+            {
+                "state": "running",
+                "server": control_plane.server,
+                "kubeconfig": str(control_plane.kubeconfig),
+                "podLogDir": str(paths.pod_log_dir),
+                "components": control_plane.pids,
+                "pulumi": str(tools.pulumi) if tools.pulumi else None,
+                "startedAt": datetime.datetime.now(datetime.UTC).isoformat(),
+                "controller": {"state": "disabled"},
+            }
+        )
+        if with_controller:
+            controller = processes.spawn(
+                [sys.executable, "-m", "pkobatch.main", "controller"],
+                log=paths.controller_log,
+                env=controller_env(paths, control_plane.kubeconfig),
+            )
+            status["controller"] = {"state": "running", "pid": controller.pid}
+        _write_status(paths, status)
+        while True:
+            control_plane.check_alive()
+            if controller is not None and controller.poll() is not None:
+                status["controller"] = {
+                    "state": "exited",
+                    "exitCode": controller.returncode,
+                    "log": str(paths.controller_log),
+                }
+                processes.forget(controller)
+                controller = None
+                _write_status(paths, status)
+            status["runningPods"] = agent.running()
+            _write_status(paths, status)
+            time.sleep(1.0)
+    except (KeyboardInterrupt, SystemExit):
+        return 0
+    except Exception as exc:
+        log.exception("pkobatch dev: supervisor failed")
+        status.update({"state": "failed", "error": str(exc)})
+        _write_status(paths, status)
+        return 1
+    finally:
+        if controller is not None:
+            processes.stop(controller, grace=10)
+        if agent is not None:
+            agent.stop()
+        if control_plane is not None:
+            control_plane.stop()
+        if status.get("state") != "failed":
+            status["state"] = "stopped"
+        status.pop("runningPods", None)
+        _write_status(paths, status)
+        with contextlib.suppress(OSError):
+            paths.pid_file.unlink()
+
+
+# -- the commands ----------------------------------------------------------------------------
+
+
+def read_status(root: Path) -> dict[str, Any]:
+    paths = DevPaths(root)
+    try:
+        status: dict[str, Any] = json.loads(paths.status_file.read_text())
+    except (OSError, ValueError):
+        status = {"state": "absent"}
+    pid = running_pid(paths)
+    if pid is None and status.get("state") in ("starting", "running"):
+        status["state"] = "dead"
+    status["supervisorPid"] = pid
+    return status
+
+
+def up(
+    root: Path, *, max_pods: int = 4, with_controller: bool = True, timeout: float = 180
+) -> dict[str, Any]:
+    """Start the supervisor in the background and wait until everything runs."""
+    paths = DevPaths(root)
+    if running_pid(paths) is not None:
+        raise DevError(f"already running (state {root}); stop it with `pkobatch dev down`")
+    find_tools(("etcd", "kubernetes"))
+    root.mkdir(parents=True, exist_ok=True)
+    paths.status_file.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pkobatch.dev.supervisor", "--state-dir", str(root)]
+    argv += ["--max-pods", str(max_pods)]
+    if not with_controller:
+        argv.append("--no-controller")
+    with paths.supervisor_log.open("wb") as log_file:
+        # Detached on purpose: it must outlive this command (no parent-death signal).
+        supervisor = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=root,
+        )
+    paths.pid_file.write_text(str(supervisor.pid))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(root)
+        if status.get("state") == "running":
+            return status
+        if supervisor.poll() is not None or status.get("state") in ("failed", "dead"):
+            tail = "\n".join(paths.supervisor_log.read_text(errors="replace").splitlines()[-30:])
+            raise DevError(f"the dev environment failed to start:\n{tail}")
+        time.sleep(0.3)
+    down(root)
+    raise DevError(f"the dev environment did not start within {timeout:.0f}s")
+
+
+def down(root: Path, *, timeout: float = 60) -> bool:
+    """Stop the supervisor (and so everything); False if nothing ran."""
+    paths = DevPaths(root)
+    pid = running_pid(paths)
+    if pid is None:
+        paths.pid_file.unlink(missing_ok=True)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        # Its children die with it (parent-death signal).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    paths.pid_file.unlink(missing_ok=True)
+    return True
+
+
+def _main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m pkobatch.dev.supervisor")
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--max-pods", type=int, default=4)
+    parser.add_argument("--no-controller", action="store_true")
+    args = parser.parse_args()
+    return supervise(
+        Path(args.state_dir).resolve(),
+        max_pods=args.max_pods,
+        with_controller=not args.no_controller,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,108 @@
+"""Where the real components built by ``scripts/tools.sh`` live.
+
+The script builds each component into ``$PKOBATCH_TOOLS_DIR/<name>-<version>/`` (default
+``~/.cache/pkobatch/tools``) and touches ``.stamp`` there when the build is complete; the
+versions are pinned in ``pkobatch/dev/versions.env``, which ships inside the package so that
+the code and the script always agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Final, Literal
+
+Component = Literal["etcd", "kubernetes", "pulumi"]
+COMPONENTS: Final[tuple[Component, ...]] = ("etcd", "kubernetes", "pulumi")
+_VERSION_KEYS: Final[dict[Component, str]] = {
+    "etcd": "ETCD_VERSION",
+    "kubernetes": "KUBERNETES_VERSION",
+    "pulumi": "PULUMI_VERSION",
+}
+_BINARIES: Final[dict[Component, tuple[str, ...]]] = {
+    "etcd": ("etcd",),
+    "kubernetes": ("kube-apiserver", "kube-controller-manager"),
+    "pulumi": ("pulumi", "pulumi-resource-pulumi-python"),
+}
+
+
+class ToolsMissing(Exception):
+    """A component has not been built (yet); the message says how to build it."""
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions from ``versions.env`` (KEY=value lines)."""
+    text = resources.files("pkobatch.dev").joinpath("versions.env").read_text(encoding="utf-8")
+    pinned: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            pinned[key.strip()] = value.strip().strip("\"'")
+    return pinned
+
+
+def tools_root() -> Path:
+    override = os.environ.get("PKOBATCH_TOOLS_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "pkobatch" / "tools"
+
+
+def tools_script() -> Path | None:
+    """``scripts/tools.sh`` of the source checkout this package runs from, if any."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "tools.sh"
+    return script if script.is_file() else None
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Bin directories of the built components (only the ones that were asked for)."""
+
+    etcd: Path | None = None
+    kubernetes: Path | None = None
+    pulumi: Path | None = None
+
+    def bin_dir(self, component: Component) -> Path:
+        found: Path | None = getattr(self, component)
+        if found is None:
+            raise ToolsMissing(f"{component} was not located")
+        return found
+
+    def binary(self, component: Component, name: str) -> str:
+        return str(self.bin_dir(component) / name)
+
+
+def component_dir(component: Component) -> Path:
+    version = versions()[_VERSION_KEYS[component]]
+    return tools_root() / f"{component}-{version}"
+
+
+def missing_components(components: tuple[Component, ...] = COMPONENTS) -> list[Component]:
+    return [c for c in components if not (component_dir(c) / ".stamp").is_file()]
+
+
+def find_tools(components: tuple[Component, ...] = COMPONENTS) -> Tools:
+    """Locate the built components; ``ToolsMissing`` names what to run when one is absent."""
+    found: dict[str, Path] = {}
+    problems: list[str] = []
+    for component in components:
+        directory = component_dir(component)
+        if not (directory / ".stamp").is_file():
+            problems.append(f"{component}: {directory} is not built")
+            continue
+        absent = [b for b in _BINARIES[component] if not os.access(directory / b, os.X_OK)]
+        if absent:
+            problems.append(f"{component}: {directory} lacks {', '.join(absent)}")
+            continue
+        found[component] = directory
+    if problems:
+        script = tools_script()
+        how = f"run {script}" if script else "run scripts/tools.sh from a pkobatch checkout"
+        names = " ".join(c for c in components if c not in found)
+        raise ToolsMissing(
+            "real test components are missing:\n  "
+            + "\n  ".join(problems)
+            + f"\nBuild them with: {how} {names} (set PKOBATCH_TOOLS_DIR to use another cache)"
+        )
+    return Tools(**found)

@@ -1,0 +1,456 @@
+"""Fixtures shared by the integration and end-to-end tests: everything here is real (DESIGN §5).
+
+Session scope
+-------------
+``cluster`` -> ``Cluster``: one local control plane (etcd, kube-apiserver,
+kube-controller-manager built by ``scripts/tools.sh``) plus the node agent that runs the Job
+controller's pods as local processes, with ``crds/`` installed.
+
+    cluster.kubeconfig      Path   admin kubeconfig (client certificate in system:masters)
+    cluster.server          str    https://127.0.0.1:<port>
+    cluster.kube            Kube   admin client (pkobatch.kube.client)
+    cluster.state_dir       Path   control-plane state (pki/, control-plane/*.log, pods/)
+    cluster.log_dir         Path   pod output: <log_dir>/<namespace>/<pod>.log
+    cluster.pod_logs        DirectoryPodLogs over log_dir (pkobatch.kube.logs)
+    cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
+                                   ``tools.pulumi`` is None when Pulumi is not built
+    cluster.agent           NodeAgent
+    cluster.service_account_kubeconfig(namespace, name, path) -> Path
+                                   kubeconfig with a real TokenRequest token for that SA
+    cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
+    cluster.env(**extra) -> dict   os.environ + KUBECONFIG=admin + PKOBATCH_POD_LOG_DIR,
+                                   for subprocesses (e.g. `python -m pkobatch.main controller`)
+
+``git_server`` -> ``GitServer``: a loopback HTTP git server (``git http-backend``) checking
+basic auth (``git_server.username`` / ``git_server.password``).
+
+``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI.
+
+Function scope
+--------------
+``kube``       the admin ``Kube`` (same object as ``cluster.kube``).
+``namespace``  a fresh namespace (str) holding ServiceAccount ``pkobatch-runner`` (no
+               rights granted); deleted after the test.
+``git_repo``   factory ``git_repo(program="files", *, name=None) -> GitRepo``: a real git
+               repository holding ``tests/fixtures/programs/<program>`` (variants are overlaid
+               on ``files``), with ``.file_url``, ``.http_url`` (needs the basic-auth
+               credentials), ``.commit``, ``.branch`` and ``.update(files, message) -> sha``.
+``program_dir`` factory ``program_dir(name) -> Path``: a writable copy of a test program.
+``pulumi_env`` ``PulumiEnv``: per-test PULUMI_HOME and ``file://`` backend, the offline
+               environment of go-deps.md §1.4 (``.env`` dict, ``.backend_url``,
+               ``.passphrase``, ``.home``, ``.files_dir`` = where the programs write files).
+
+Test programs (``tests/fixtures/programs``)
+-------------------------------------------
+``files``: Python program with a ``pulumi.dynamic`` provider managing local files.
+Config ``directory`` (required; where the files go), ``files`` (count, default 2),
+``content`` (default "hello"), ``sleepSeconds`` (create/update sleep, default 0),
+``outputCount`` (extra outputs ``out0``..; default 0), secret ``token`` (default
+"default-secret-token"). Outputs ``directory``, ``paths``, ``contents`` and the secret output
+``token``. ``sleep`` (sleepSeconds defaults to 600), ``many-outputs`` (outputCount defaults to
+300) and ``syntax-error`` are variants.
+
+Missing binaries: with ``CI=true`` a test needing them fails; locally it is skipped with
+the command that builds them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkobatch.dev import processes
+from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
+from pkobatch.dev.node_agent import NodeAgent
+from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
+from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube
+from pkobatch.kube.logs import POD_LOG_DIR_ENV, DirectoryPodLogs
+
+PROGRAMS = Path(__file__).parent / "fixtures" / "programs"
+BASE_PROGRAM = "files"
+RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_tools(components: tuple[Component, ...]) -> Tools:
+    """The built components, or fail (CI) / skip (locally) saying how to build them."""
+    try:
+        return find_tools(components)
+    except ToolsMissing as exc:
+        if in_ci():
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
+# -- control plane ---------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    control_plane: ControlPlane
+    agent: NodeAgent
+    kube: Kube
+    tools: Tools
+    _clients: list[Kube] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.control_plane.server
+
+    @property
+    def state_dir(self) -> Path:
+        return self.control_plane.state_dir
+
+    @property
+    def log_dir(self) -> Path:
+        return self.agent.log_dir
+
+    @property
+    def pod_logs(self) -> DirectoryPodLogs:
+        return DirectoryPodLogs(self.log_dir, self.kube)
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
+        # Valid for longer than any test session.
+        return self.control_plane.service_account_kubeconfig(
+            namespace, name, path, expiration_seconds=12 * 3600
+        )
+
+    def service_account_kube(self, namespace: str, name: str) -> Kube:
+        path = self.state_dir / "sa-kubeconfigs" / f"{namespace}.{name}.{uuid.uuid4().hex}"
+        client = Kube.connect(str(self.service_account_kubeconfig(namespace, name, path)))
+        self._clients.append(client)
+        return client
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env[POD_LOG_DIR_ENV] = str(self.log_dir)
+        env.update(extra)
+        return env
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tools = require_tools(("etcd", "kubernetes"))
+    with contextlib.suppress(ToolsMissing):
+        tools = find_tools(("etcd", "kubernetes", "pulumi"))
+    processes.exit_on_termination_signals()
+    state = tmp_path_factory.mktemp("cluster")
+    control_plane = ControlPlane(state, tools, crds_dir=default_crds_dir())
+    control_plane.start()
+    kube = control_plane.admin()
+    agent = NodeAgent(
+        kube,
+        server=control_plane.server,
+        ca_pem=control_plane.ca_file.read_bytes(),
+        state_dir=state,
+        path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
+        max_running=8,
+    )
+    try:
+        agent.start()
+        result = Cluster(control_plane, agent, kube, tools)
+        yield result
+        result.close()
+    finally:
+        agent.stop()
+        kube.close()
+        control_plane.stop()
+
+
+@pytest.fixture
+def kube(cluster: Cluster) -> Kube:
+    return cluster.kube
+
+
+def _namespace_name(test_name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = _namespace_name(request.node.name)
+    kube = cluster.kube
+    kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.create(
+        SERVICEACCOUNTS,
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": RUNNER_SERVICE_ACCOUNT},
+        },
+        name,
+    )
+    # Pods naming no ServiceAccount need "default", which a controller creates shortly.
+    processes.wait_until(
+        lambda: kube.get_or_none(SERVICEACCOUNTS, "default", name) is not None,
+        timeout=60,
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    kube.delete(NAMESPACES, name)
+
+
+# -- git ---------------------------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    env = {
+        **os.environ,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "pkobatch tests",
+        "GIT_AUTHOR_EMAIL": "tests@pkobatch.invalid",
+        "GIT_COMMITTER_NAME": "pkobatch tests",
+        "GIT_COMMITTER_EMAIL": "tests@pkobatch.invalid",
+    }
+    result = subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    )
+    return result.stdout.strip()
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        body = b""
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip(), 16)
+            if size == 0:
+                handler.rfile.readline()
+                return body
+            body += handler.rfile.read(size)
+            handler.rfile.readline()
+    return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+
+
+class _GitHandler(BaseHTTPRequestHandler):
+    """Smart-HTTP git through the ``git http-backend`` CGI, after a basic-auth check."""
+
+    server: _GitHttpServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        expected = base64.b64encode(
+            f"{self.server.username}:{self.server.password}".encode()
+        ).decode()
+        if self.headers.get("Authorization") != f"Basic {expected}":
+            self.send_response(HTTPStatus.UNAUTHORIZED)
+            self.send_header("WWW-Authenticate", 'Basic realm="pkobatch-tests"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        body = _read_body(self) if self.command == "POST" else b""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": str(self.server.root),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_USER": self.server.username,
+            "REMOTE_ADDR": self.client_address[0],
+            "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+            "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""),
+        }
+        result = subprocess.run(
+            ["git", "http-backend"], input=body, env=env, capture_output=True, check=False
+        )
+        head, separator, payload = result.stdout.partition(b"\r\n\r\n")
+        if not separator:
+            head, _, payload = result.stdout.partition(b"\n\n")
+        status = 200
+        headers: list[tuple[str, str]] = []
+        for line in head.decode("latin-1").splitlines():
+            name, _, value = line.partition(":")
+            if name.lower() == "status":
+                status = int(value.strip().split()[0])
+            elif name:
+                headers.append((name, value.strip()))
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class _GitHttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path, username: str, password: str) -> None:
+        super().__init__(("127.0.0.1", 0), _GitHandler)
+        self.root = root
+        self.username = username
+        self.password = password
+
+
+@dataclass
+class GitServer:
+    root: Path
+    username: str
+    password: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="session")
+def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitServer]:
+    if shutil.which("git") is None:
+        message = "git is not installed"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    root = tmp_path_factory.mktemp("git")
+    server = _GitHttpServer(root, "pkobatch", secrets.token_urlsafe(12))
+    thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
+    thread.start()
+    yield GitServer(root, server.username, server.password, int(server.server_address[1]))
+    server.shutdown()
+    server.server_close()
+
+
+@dataclass
+class GitRepo:
+    name: str
+    bare: Path
+    worktree: Path
+    server: GitServer
+    branch: str = "main"
+    commit: str = ""
+
+    @property
+    def file_url(self) -> str:
+        return self.bare.as_uri()
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.server.url}/{self.bare.name}"
+
+    def update(self, files: dict[str, str], message: str = "update") -> str:
+        """Write ``files`` (path -> content), commit, push; the new commit."""
+        for relative, content in files.items():
+            target = self.worktree / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        _git("add", "-A", cwd=self.worktree)
+        _git("commit", "-q", "-m", message, cwd=self.worktree)
+        _git("push", "-q", str(self.bare), f"HEAD:{self.branch}", cwd=self.worktree)
+        self.commit = _git("rev-parse", "HEAD", cwd=self.worktree)
+        return self.commit
+
+
+def copy_program(name: str, destination: Path) -> Path:
+    """A test program: variants are their own files overlaid on the base program."""
+    if not (PROGRAMS / name).is_dir():
+        raise ValueError(f"no test program {name!r} in {PROGRAMS}")
+    shutil.copytree(PROGRAMS / BASE_PROGRAM, destination, dirs_exist_ok=True)
+    if name != BASE_PROGRAM:
+        shutil.copytree(PROGRAMS / name, destination, dirs_exist_ok=True)
+    for cache in destination.rglob("__pycache__"):
+        shutil.rmtree(cache)
+    return destination
+
+
+@pytest.fixture
+def program_dir(tmp_path: Path) -> Callable[[str], Path]:
+    def make(name: str = BASE_PROGRAM) -> Path:
+        return copy_program(name, tmp_path / "programs" / f"{name}-{secrets.token_hex(3)}")
+
+    return make
+
+
+@pytest.fixture
+def git_repo(git_server: GitServer, tmp_path: Path) -> Callable[..., GitRepo]:
+    def make(program: str = BASE_PROGRAM, *, name: str | None = None) -> GitRepo:
+        repo_name = name or f"{program}-{secrets.token_hex(4)}"
+        bare = git_server.root / f"{repo_name}.git"
+        _git("init", "-q", "--bare", "-b", "main", str(bare))
+        worktree = copy_program(program, tmp_path / "git-work" / repo_name)
+        _git("init", "-q", "-b", "main", cwd=worktree)
+        repo = GitRepo(repo_name, bare, worktree, git_server)
+        repo.update({}, f"program {program}")
+        return repo
+
+    return make
+
+
+# -- pulumi -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pulumi_bin() -> Path:
+    return require_tools(("pulumi",)).bin_dir("pulumi")
+
+
+@dataclass
+class PulumiEnv:
+    env: dict[str, str]
+    home: Path
+    backend_url: str
+    passphrase: str
+    files_dir: Path
+
+
+@pytest.fixture
+def pulumi_env(pulumi_bin: Path, tmp_path: Path) -> PulumiEnv:
+    home = tmp_path / "pulumi-home"
+    backend = tmp_path / "pulumi-backend"
+    files = tmp_path / "managed-files"
+    for directory in (home, backend, files):
+        directory.mkdir()
+    passphrase = secrets.token_urlsafe(16)
+    path = os.pathsep.join(
+        [str(pulumi_bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    )
+    env = {
+        "PATH": path,
+        "PULUMI_HOME": str(home),
+        "PULUMI_BACKEND_URL": backend.as_uri(),
+        "PULUMI_CONFIG_PASSPHRASE": passphrase,
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_PYTHON_CMD": sys.executable,
+    }
+    return PulumiEnv(env, home, backend.as_uri(), passphrase, files)

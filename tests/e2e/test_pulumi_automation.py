@@ -1,0 +1,86 @@
+"""The built Pulumi CLI and the PyPI `pulumi` package run the test programs offline with a
+file:// backend through the Automation API: up, preview, refresh (drift), destroy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+pytestmark = pytest.mark.e2e
+
+
+def test_up_preview_refresh_destroy(
+    automation_stack: Callable[..., auto.Stack], pulumi_env: Any
+) -> None:
+    stack = automation_stack(secret_config={"token": "sentinel-7f3a"})
+    files = pulumi_env.files_dir
+
+    up = stack.up()
+
+    assert up.summary.result == "succeeded"
+    assert up.summary.resource_changes == {"create": 3}
+    assert sorted(p.name for p in files.iterdir()) == ["file-0.txt", "file-1.txt"]
+    assert (files / "file-0.txt").read_text() == "hello 0"
+    assert up.outputs["paths"].value == [str(files / "file-0.txt"), str(files / "file-1.txt")]
+    assert up.outputs["token"].secret is True
+    assert up.outputs["token"].value == "sentinel-7f3a"
+    assert up.outputs["directory"].secret is False
+    # The secret is encrypted with the passphrase in the file:// backend's state.
+    backend = Path(pulumi_env.backend_url.removeprefix("file://"))
+    state_files = [p for p in backend.rglob("*.json") if "stacks" in p.parts]
+    assert state_files
+    assert not [p for p in backend.rglob("*") if p.is_file() and b"sentinel-7f3a" in p.read_bytes()]
+
+    preview = stack.preview()
+    assert preview.change_summary == {auto.OpType.SAME: 3}
+
+    (files / "file-0.txt").write_text("changed behind Pulumi's back")
+    refresh = stack.refresh()
+    assert refresh.summary.result == "succeeded"
+    assert refresh.summary.resource_changes.get("update") == 1
+
+    preview = stack.preview()
+    assert preview.change_summary.get(auto.OpType.UPDATE) == 1
+    stack.up()
+    assert (files / "file-0.txt").read_text() == "hello 0"
+
+    destroy = stack.destroy()
+    assert destroy.summary.result == "succeeded"
+    assert destroy.summary.resource_changes == {"delete": 3}
+    assert list(files.iterdir()) == []
+
+
+def test_refresh_sees_a_deleted_file(
+    automation_stack: Callable[..., auto.Stack], pulumi_env: Any
+) -> None:
+    stack = automation_stack(config={"files": "1"})
+    stack.up()
+    (pulumi_env.files_dir / "file-0.txt").unlink()
+
+    refresh = stack.refresh()
+
+    assert refresh.summary.resource_changes.get("delete") == 1
+    assert stack.up().summary.resource_changes == {"create": 1, "same": 1}
+    assert (pulumi_env.files_dir / "file-0.txt").read_text() == "hello 0"
+
+
+def test_many_outputs_variant(automation_stack: Callable[..., auto.Stack]) -> None:
+    stack = automation_stack("many-outputs", config={"outputCount": "250"})
+
+    up = stack.up()
+
+    assert len([k for k in up.outputs if k.startswith("out")]) == 250
+    assert up.outputs["out249"].value == "value 249"
+
+
+def test_syntax_error_variant_fails(automation_stack: Callable[..., auto.Stack]) -> None:
+    stack = automation_stack("syntax-error")
+
+    with pytest.raises(auto.errors.CommandError) as raised:
+        stack.up()
+
+    assert "SyntaxError" in str(raised.value)

@@ -1,0 +1,121 @@
+"""The local control plane and the session fixtures other tests build on."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkobatch.dev.processes import wait_until
+from pkobatch.dev.tools import ToolsMissing, find_tools, versions
+from pkobatch.kube.client import NAMESPACES, SECRETS, Forbidden, Kube, Unauthorized
+
+pytestmark = pytest.mark.integration
+
+
+def test_real_kubernetes_version(kube: Kube, cluster: Any) -> None:
+    version = kube.request("GET", "/version")
+
+    assert version["gitVersion"] == cluster.tools.bin_dir("kubernetes").name.split("-", 1)[1]
+
+
+def test_default_namespaces_and_controllers_exist(kube: Kube) -> None:
+    names = {n["metadata"]["name"] for n in kube.list_objects(NAMESPACES)[0]}
+
+    assert {"default", "kube-system", "kube-public"} <= names
+
+
+def test_service_account_client_is_subject_to_rbac(cluster: Any, namespace: str) -> None:
+    client = cluster.service_account_kube(namespace, "pkobatch-runner")
+
+    with pytest.raises(Forbidden) as raised:
+        client.list_objects(SECRETS, namespace)
+
+    assert f"system:serviceaccount:{namespace}:pkobatch-runner" in raised.value.message
+
+
+def test_unknown_credentials_are_rejected(cluster: Any, tmp_path: Path) -> None:
+    config = cluster.kubeconfig.read_text()
+    forged = tmp_path / "forged"
+    # Same server and CA without the client certificate: anonymous, who may read nothing.
+    forged.write_text(
+        config.replace("client-certificate-data", "unused-a").replace("client-key-data", "unused-b")
+    )
+    client = Kube.connect(str(forged))
+    try:
+        with pytest.raises((Forbidden, Unauthorized)):
+            client.list_objects(NAMESPACES)
+    finally:
+        client.close()
+
+
+def test_namespace_deletion_completes(kube: Kube) -> None:
+    kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gone"}})
+    kube.delete(NAMESPACES, "gone")
+
+    wait_until(
+        lambda: kube.get_or_none(NAMESPACES, "gone") is None,
+        timeout=120,
+        what="namespace deletion",
+    )
+
+
+def test_git_server_serves_with_basic_auth(git_repo: Any, git_server: Any, tmp_path: Path) -> None:
+    repo = git_repo()
+    host = git_server.url.removeprefix("http://")
+    authed = f"http://{git_server.username}:{git_server.password}@{host}/{repo.bare.name}"
+    env = {"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"}
+
+    clone = subprocess.run(
+        ["git", "clone", "-q", authed, str(tmp_path / "c")], env=env, capture_output=True, text=True
+    )
+    assert clone.returncode == 0, clone.stderr
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path / "c"), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    assert head.stdout.strip() == repo.commit
+    assert (tmp_path / "c" / "Pulumi.yaml").is_file()
+
+    denied = subprocess.run(
+        ["git", "clone", "-q", repo.http_url, str(tmp_path / "d")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert denied.returncode != 0
+    wrong = authed.replace(git_server.password, "wrong")
+    denied = subprocess.run(
+        ["git", "clone", "-q", wrong, str(tmp_path / "e")], env=env, capture_output=True, text=True
+    )
+    assert denied.returncode != 0
+
+    new_commit = repo.update({"extra.txt": "more"}, "second")
+    fetched = subprocess.run(
+        ["git", "-C", str(tmp_path / "c"), "pull", "-q"], env=env, capture_output=True, text=True
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "c" / "extra.txt").read_text() == "more"
+    assert new_commit != head.stdout.strip()
+
+
+def test_file_url_clone(git_repo: Any, tmp_path: Path) -> None:
+    repo = git_repo("syntax-error")
+
+    subprocess.run(["git", "clone", "-q", repo.file_url, str(tmp_path / "c")], check=True)
+
+    assert (tmp_path / "c" / "__main__.py").read_text().startswith("# A program")
+
+
+def test_missing_tools_name_the_build_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PKOBATCH_TOOLS_DIR", str(tmp_path))
+
+    with pytest.raises(ToolsMissing) as raised:
+        find_tools(("etcd", "pulumi"))
+
+    message = str(raised.value)
+    assert "scripts/tools.sh etcd pulumi" in message
+    assert str(tmp_path / f"etcd-{versions()['ETCD_VERSION']}") in message

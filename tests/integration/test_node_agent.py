@@ -1,0 +1,422 @@
+"""The node agent runs the real Job controller's pods like a kubelet would."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import CONFIGMAPS, JOBS, PODS, ROLEBINDINGS, ROLES, SECRETS, Kube
+
+pytestmark = pytest.mark.integration
+JSON = dict[str, Any]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone: it runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def read_pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+# A process that records its pid and the pid of a grandchild, then sleeps.
+SLEEPER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(os.environ["PID_FILE"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    time.sleep(300)
+    """
+)
+
+
+def test_job_completes(
+    kube: Kube, namespace: str, cluster: Any, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    code = "import os; print('hello from', os.environ['HOSTNAME'])"
+    kube.create(JOBS, python_job("ok", code), namespace)
+
+    kind, reason, job = wait_job(namespace, "ok")
+
+    assert (kind, reason) == ("Complete", "CompletionsReached")
+    assert job["status"]["succeeded"] == 1
+    (pod,) = job_pods(namespace, "ok")
+    assert pod["status"]["phase"] == "Succeeded"
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0
+    assert terminated["reason"] == "Completed"
+    name = pod["metadata"]["name"]
+    log = (cluster.log_dir / namespace / f"{name}.log").read_text()
+    assert log == f"hello from {name}\n"
+    assert cluster.pod_logs.read(namespace, name) == log
+
+
+def test_failing_job_fails_with_exit_code_and_message(
+    kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    code = "import sys\nfor i in range(100): print('line', i)\nsys.exit(3)"
+    kube.create(JOBS, python_job("bad", code), namespace)
+
+    kind, reason, job = wait_job(namespace, "bad")
+
+    assert (kind, reason) == ("Failed", "BackoffLimitExceeded")
+    assert job["status"]["failed"] == 1
+    (pod,) = job_pods(namespace, "bad")
+    assert pod["status"]["phase"] == "Failed"
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert terminated["reason"] == "Error"
+    # FallbackToLogsOnError: the last 80 lines of output.
+    lines = terminated["message"].splitlines()
+    assert lines[-1] == "line 99"
+    assert len(lines) == 80
+
+
+def test_deadline_exceeded_kills_the_process_group(
+    kube: Kube, namespace: str, tmp_path: Path, python_job: Any, wait_job: Any
+) -> None:
+    pid_file = tmp_path / "pids"
+    manifest = python_job(
+        "slow",
+        SLEEPER,
+        env=[{"name": "PID_FILE", "value": str(pid_file)}],
+        activeDeadlineSeconds=4,
+    )
+    kube.create(JOBS, manifest, namespace)
+    wait_until(lambda: len(read_pids(pid_file)) == 2, timeout=60, what="the pod to start")
+    pids = read_pids(pid_file)
+    assert all(alive(pid) for pid in pids)
+
+    kind, reason, _ = wait_job(namespace, "slow")
+
+    assert (kind, reason) == ("Failed", "DeadlineExceeded")
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60, what="processes to end")
+
+
+def test_sigkill_after_grace_period_when_sigterm_is_ignored(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    cluster: Any,
+    python_job: Any,
+    wait_job: Any,
+    job_pods: Any,
+) -> None:
+    pid_file = tmp_path / "pid"
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        signal.signal(signal.SIGTERM, lambda *a: print("got SIGTERM", flush=True))
+        open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        """
+    )
+    manifest = python_job(
+        "stubborn",
+        code,
+        env=[{"name": "PID_FILE", "value": str(pid_file)}],
+        grace=2,
+        activeDeadlineSeconds=3,
+    )
+    kube.create(JOBS, manifest, namespace)
+    wait_until(lambda: len(read_pids(pid_file)) == 1, timeout=60, what="the pod to start")
+    (pid,) = read_pids(pid_file)
+    pod_name = job_pods(namespace, "stubborn")[0]["metadata"]["name"]
+
+    kind, reason, _ = wait_job(namespace, "stubborn")
+
+    assert (kind, reason) == ("Failed", "DeadlineExceeded")
+    wait_until(lambda: not alive(pid), timeout=60, what="the process to be killed")
+    assert "got SIGTERM" in cluster.pod_logs.read(namespace, pod_name)
+
+
+def test_deleting_a_job_removes_its_pods_and_kills_their_processes(
+    kube: Kube, namespace: str, tmp_path: Path, python_job: Any, job_pods: Any
+) -> None:
+    pid_file = tmp_path / "pids"
+    manifest = python_job("doomed", SLEEPER, env=[{"name": "PID_FILE", "value": str(pid_file)}])
+    kube.create(JOBS, manifest, namespace)
+    wait_until(lambda: len(read_pids(pid_file)) == 2, timeout=60, what="the pod to start")
+    pids = read_pids(pid_file)
+    assert job_pods(namespace, "doomed")
+
+    kube.delete(JOBS, "doomed", namespace, propagation="Background")
+
+    wait_until(lambda: not job_pods(namespace, "doomed"), timeout=90, what="pods to be deleted")
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30, what="processes to end")
+
+
+def test_environment_is_resolved_like_the_kubelet(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    python_job: Any,
+    wait_job: Any,
+    job_pods: Any,
+    cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Nothing of the agent's own environment may reach a pod.
+    monkeypatch.setenv("PKOBATCH_AGENT_ONLY", "leak")
+    kube.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds"},
+            "data": {
+                "password": base64.b64encode(b"s3cret").decode(),
+                "TOKEN": base64.b64encode(b"tok").decode(),
+            },
+        },
+        namespace,
+    )
+    kube.create(
+        CONFIGMAPS,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings"},
+            "data": {"color": "blue", "SIZE": "3"},
+        },
+        namespace,
+    )
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = [
+        {"name": "PLAIN", "value": "plain"},
+        {"name": "EXPANDED", "value": "$(PLAIN)-$(COLOR)-$$(PLAIN)-$(UNDEFINED)"},
+        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+        {"name": "COLOR", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "color"}}},
+        {
+            "name": "OPTIONAL",
+            "valueFrom": {"secretKeyRef": {"name": "absent", "key": "x", "optional": True}},
+        },
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+        {
+            "name": "JOB_LABEL",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}},
+        },
+    ]
+    code = "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))"
+    manifest = python_job(
+        "env",
+        code,
+        env=env,
+        service_account="pkobatch-runner",
+        container={
+            "workingDir": str(workdir),
+            "envFrom": [
+                {"prefix": "CM_", "configMapRef": {"name": "settings"}},
+                {"secretRef": {"name": "creds"}},
+                {"configMapRef": {"name": "absent", "optional": True}},
+            ],
+        },
+    )
+    kube.create(JOBS, manifest, namespace)
+
+    kind, _, _ = wait_job(namespace, "env")
+
+    assert kind == "Complete"
+    (pod,) = job_pods(namespace, "env")
+    name = pod["metadata"]["name"]
+    seen = json.loads(cluster.pod_logs.read(namespace, name))
+    got = seen["env"]
+    assert seen["cwd"] == str(workdir)
+    assert got["PLAIN"] == "plain"
+    # COLOR is defined after EXPANDED: not yet visible to its expansion, as in Kubernetes.
+    assert got["EXPANDED"] == "plain-$(COLOR)-$(PLAIN)-$(UNDEFINED)"
+    assert got["PASSWORD"] == "s3cret"
+    assert got["COLOR"] == "blue"
+    assert "OPTIONAL" not in got
+    assert got["POD_NAME"] == name == got["HOSTNAME"]
+    assert got["POD_NAMESPACE"] == namespace
+    assert got["POD_UID"] == pod["metadata"]["uid"]
+    assert got["SA"] == "pkobatch-runner"
+    assert got["JOB_LABEL"] == "env"
+    assert got["CM_color"] == "blue" and got["CM_SIZE"] == "3"
+    assert got["TOKEN"] == "tok" and got["password"] == "s3cret"
+    assert "PKOBATCH_AGENT_ONLY" not in got
+    interpreter_dir = str(Path(sys.executable).parent)
+    first_on_path = str(cluster.tools.pulumi) if cluster.tools.pulumi else interpreter_dir
+    assert got["PATH"].split(os.pathsep)[0] == first_on_path
+    assert interpreter_dir in got["PATH"].split(os.pathsep)
+    assert Path(got["KUBECONFIG"]).stat().st_mode & 0o077 == 0
+
+
+def test_missing_secret_keeps_the_pod_pending_until_it_exists(
+    kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    env = [{"name": "V", "valueFrom": {"secretKeyRef": {"name": "later", "key": "v"}}}]
+    kube.create(JOBS, python_job("waits", "import os; print(os.environ['V'])", env=env), namespace)
+
+    def waiting_reason() -> str | None:
+        pods = job_pods(namespace, "waits")
+        statuses = (pods[0].get("status") or {}).get("containerStatuses") if pods else None
+        if not statuses:
+            return None
+        return str((statuses[0]["state"].get("waiting") or {}).get("reason"))
+
+    wait_until(
+        lambda: waiting_reason() == "CreateContainerConfigError",
+        timeout=60,
+        what="CreateContainerConfigError",
+    )
+    assert job_pods(namespace, "waits")[0]["status"]["phase"] == "Pending"
+    kube.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "later"},
+            "stringData": {"v": "arrived"},
+        },
+        namespace,
+    )
+
+    kind, _, _ = wait_job(namespace, "waits")
+
+    assert kind == "Complete"
+
+
+RBAC_PROBE = textwrap.dedent(
+    """
+    import sys
+    from pkobatch.kube.client import SECRETS, Forbidden, Kube
+    kube = Kube.connect()
+    try:
+        kube.get(SECRETS, "probe", sys.argv[1])
+    except Forbidden as exc:
+        print("forbidden:", exc)
+        sys.exit(7)
+    print("read the secret")
+    """
+)
+
+
+def test_service_account_token_is_subject_to_rbac(
+    kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    kube.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "probe"},
+            "stringData": {"k": "v"},
+        },
+        namespace,
+    )
+
+    def probe(name: str) -> tuple[str, JSON]:
+        manifest = python_job(name, RBAC_PROBE, service_account="pkobatch-runner")
+        manifest["spec"]["template"]["spec"]["containers"][0]["args"] = [namespace]
+        kube.create(JOBS, manifest, namespace)
+        kind, _, _ = wait_job(namespace, name)
+        (pod,) = job_pods(namespace, name)
+        return kind, pod
+
+    kind, pod = probe("denied")
+    assert kind == "Failed"
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 7
+    assert "system:serviceaccount:" + namespace + ":pkobatch-runner" in terminated["message"]
+
+    kube.create(
+        ROLES,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "read-secrets"},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+        },
+        namespace,
+    )
+    kube.create(
+        ROLEBINDINGS,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "runner-reads-secrets"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "read-secrets",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "pkobatch-runner", "namespace": namespace}
+            ],
+        },
+        namespace,
+    )
+
+    kind, pod = probe("allowed")
+    assert kind == "Complete"
+
+
+def test_at_most_max_running_pods_run_at_once(
+    kube: Kube, namespace: str, tmp_path: Path, cluster: Any, python_job: Any, wait_job: Any
+) -> None:
+    record = tmp_path / "intervals"
+    record.mkdir()
+    code = textwrap.dedent(
+        """
+        import os, time
+        start = time.time()
+        time.sleep(1.5)
+        path = os.path.join(os.environ["RECORD"], os.environ["HOSTNAME"])
+        open(path, "w").write(f"{start} {time.time()}")
+        """
+    )
+    limit = cluster.agent.slots.limit
+    cluster.agent.slots.limit = 2
+    try:
+        manifest = python_job(
+            "limited",
+            code,
+            env=[{"name": "RECORD", "value": str(record)}],
+            parallelism=5,
+            completions=5,
+        )
+        kube.create(JOBS, manifest, namespace)
+        kind, _, _ = wait_job(namespace, "limited", timeout=180)
+    finally:
+        cluster.agent.slots.limit = limit
+
+    assert kind == "Complete"
+    intervals = [tuple(map(float, p.read_text().split())) for p in record.iterdir()]
+    assert len(intervals) == 5
+    most = max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals)
+    assert most <= 2
+
+
+def test_pod_logs_follow_until_the_pod_ends(
+    kube: Kube, namespace: str, cluster: Any, python_job: Any, job_pods: Any
+) -> None:
+    code = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
+    kube.create(JOBS, python_job("ticks", code), namespace)
+    wait_until(lambda: bool(job_pods(namespace, "ticks")), timeout=60, what="the pod")
+    pod = job_pods(namespace, "ticks")[0]["metadata"]["name"]
+
+    lines = list(cluster.pod_logs.follow(namespace, pod))
+
+    assert lines == [f"tick {i}\n" for i in range(5)]
+    assert kube.get(PODS, pod, namespace)["status"]["phase"] == "Succeeded"
