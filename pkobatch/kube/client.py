@@ -200,6 +200,18 @@ class WatchEvent:
     object: JSON
 
 
+def _response_lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
+    """The lines of a streamed response as they arrive (the last may lack a newline)."""
+    buffer = b""
+    for chunk in response.stream(64 * 1024, decode_content=True):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line + b"\n"
+    if buffer:
+        yield buffer
+
+
 class WatchStream:
     """One watch request. Iterate for events; ``stop()`` from another thread ends it."""
 
@@ -213,16 +225,10 @@ class WatchStream:
             self._response.shutdown()
 
     def __iter__(self) -> Iterator[WatchEvent]:
-        buffer = b""
         try:
-            for chunk in self._response.stream(64 * 1024, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield self._event(line)
-            if buffer.strip() and not self._stopped.is_set():
-                yield self._event(buffer)
+            for line in _response_lines(self._response):
+                if line.strip() and not self._stopped.is_set():
+                    yield self._event(line)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if not self._stopped.is_set():
                 raise Unreachable(0, "WatchInterrupted", f"watch stream broke: {exc}") from exc
@@ -482,15 +488,22 @@ class Kube:
             body["gracePeriodSeconds"] = grace_period_seconds
         return self.request("DELETE", res.path(namespace, name), body=body)
 
-    def stream_lines(
-        self, path: str, *, query: Mapping[str, Any] | None = None, read_timeout: float = 300.0
-    ) -> Iterator[str]:
-        """GET a streaming text endpoint (``pods/log?follow=true``) line by line until the
-        server ends it; no bytes for ``read_timeout`` seconds ends it with ``Unreachable``."""
+    def _open_stream(
+        self,
+        path: str,
+        query: Mapping[str, Any],
+        read_timeout: float,
+        method_label: str,
+        accept: str = "application/json",
+    ) -> urllib3.BaseHTTPResponse:
+        """Start a long GET whose body is read as it arrives; raises on an error status."""
         _, url, header_params, _, _ = self._api.param_serialize(
-            method="GET", resource_path=path, header_params={}, auth_settings=["BearerToken"]
+            method="GET",
+            resource_path=path,
+            header_params={"Accept": accept},
+            auth_settings=["BearerToken"],
         )
-        params = {k: v for k, v in (query or {}).items() if v is not None}
+        params = {k: v for k, v in query.items() if v is not None}
         if params:
             url += "?" + urlencode(params)
         try:
@@ -503,20 +516,26 @@ class Kube:
                 retries=False,
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._on_request:
+                self._on_request(method_label, path, 0)
             raise Unreachable(0, "Unreachable", f"cannot reach {self.host}: {exc}") from exc
         if self._on_request:
-            self._on_request("GET", path, response.status)
+            self._on_request(method_label, path, response.status)
+        if response.status >= 400:
+            data = response.read()
+            response.release_conn()
+            raise _error_from(response.status, data)
+        return response
+
+    def stream_lines(
+        self, path: str, *, query: Mapping[str, Any] | None = None, read_timeout: float = 300.0
+    ) -> Iterator[str]:
+        """GET a streaming text endpoint (``pods/log?follow=true``) line by line until the
+        server ends it; no bytes for ``read_timeout`` seconds ends it with ``Unreachable``."""
+        response = self._open_stream(path, query or {}, read_timeout, "GET", accept="*/*")
         try:
-            if response.status >= 400:
-                raise _error_from(response.status, response.read())
-            buffer = b""
-            for chunk in response.stream(64 * 1024, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    yield line.decode("utf-8", "replace") + "\n"
-            if buffer:
-                yield buffer.decode("utf-8", "replace")
+            for line in _response_lines(response):
+                yield line.decode("utf-8", "replace")
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unreachable(0, "StreamInterrupted", f"stream broke: {exc}") from exc
         finally:
@@ -536,13 +555,6 @@ class Kube:
         """Start a watch; the server ends it after ``timeout_seconds``; no bytes for
         ``read_timeout`` seconds (bookmarks come about once a minute) ends it with
         ``Unreachable``."""
-        headers = {"Accept": "application/json"}
-        _, url, header_params, _, _ = self._api.param_serialize(
-            method="GET",
-            resource_path=res.path(namespace),
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
         query = {
             "watch": "true",
             "allowWatchBookmarks": "true",
@@ -551,25 +563,5 @@ class Kube:
             "fieldSelector": field_selector,
             "timeoutSeconds": timeout_seconds,
         }
-        url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
-        pool = self._api.rest_client.pool_manager
-        try:
-            response = pool.request(
-                "GET",
-                url,
-                headers=header_params,
-                preload_content=False,
-                timeout=urllib3.Timeout(connect=10.0, read=read_timeout),
-                retries=False,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            if self._on_request:
-                self._on_request("WATCH", res.path(namespace), 0)
-            raise Unreachable(0, "Unreachable", f"cannot reach {self.host}: {exc}") from exc
-        if self._on_request:
-            self._on_request("WATCH", res.path(namespace), response.status)
-        if response.status >= 400:
-            data = response.read()
-            response.release_conn()
-            raise _error_from(response.status, data)
+        response = self._open_stream(res.path(namespace), query, read_timeout, "WATCH")
         return WatchStream(response)
