@@ -24,6 +24,8 @@ RESULT_SCHEMA_VERSION: Final = "pkobatch.io/run-result/v1"
 # Bounds that keep a result ConfigMap far below the 1 MiB object limit.
 MAX_MESSAGE_CHARS: Final = 4096
 MAX_RESULT_BYTES: Final = 512 * 1024
+# Outputs kept in a result (they end up in status.outputs, which kubectl shows in full).
+MAX_RESULT_OUTPUTS: Final = 1000
 SECRET_PLACEHOLDER: Final = "[secret]"
 
 
@@ -79,6 +81,9 @@ class RunSnapshot(_Model):
     project_info: ProjectInfo | None = Field(default=None, alias="projectInfo")
     config_from_env: dict[str, ValueFromEnv] = Field(default_factory=dict, alias="configFromEnv")
     git_auth: GitAuthEnv | None = Field(default=None, alias="gitAuth")
+    # Environment variables whose values are secret (envRefs of type Secret, the access
+    # token): the runner scrubs their values from logs, messages and outputs.
+    secret_env: list[str] = Field(default_factory=list, alias="secretEnv")
     # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
     result_config_map: str = Field(default="", alias="resultConfigMap")
 

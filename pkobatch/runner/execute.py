@@ -1,0 +1,495 @@
+"""One run, start to finish: source -> program -> stack -> config -> operation -> result.
+
+``execute`` never raises: whatever happens becomes a ``RunResult`` (state ``failed`` with a
+reason from the closed set and a scrubbed, bounded message). It reads no Kubernetes object;
+everything comes from the snapshot and the environment it is given. Writing the result
+is the caller's job (``pkobatch.runner.report`` in a Job, the terminal for ``pkobatch run``).
+
+Operations:
+
+- ``up``, ``preview``, ``refresh``, ``destroy`` with the spec's ``refresh`` and
+  ``runProgram``, ``targets`` and ``targetDependents`` (``up`` and ``preview`` only, as in
+  PKO: a destroy is never partial), and ``updateTemplate.spec`` overrides (parallel, message,
+  expectNoChanges, continueOnError, replace, target, targetDependents, refresh, runProgram,
+  remove).
+- A drift check (``snapshot.driftCheck``) is ``pulumi refresh --preview-only``: it changes
+  nothing and reports the number of resources that differ in ``driftedResources``.
+- ``destroy`` of a stack that does not exist succeeds with nothing to do. When the source is
+  gone (``SourceUnavailable``) and the snapshot carries the project's name and runtime, a
+  destroy without ``runProgram`` runs from the backend's state with a minimal Pulumi.yaml.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from pulumi.automation import CommandError, Stack, StackNotFoundError
+
+from pkobatch.api.constants import ResultReason
+from pkobatch.api.run import ProjectInfo, RunResult, RunSnapshot
+from pkobatch.api.stack import StackSpec, load_stack_spec
+from pkobatch.runner import git
+from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.failures import RunFailure, bound_message, classify_pulumi_error
+from pkobatch.runner.log import RunLog, scrubbed_output
+from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
+from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
+from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
+from pkobatch.runner.stack_config import collect_config, config_json, secret_values
+from pkobatch.runner.workspace import (
+    PIP_TIMEOUT_SECONDS,
+    Project,
+    cache_dir_from,
+    copy_program,
+    load_project,
+    prepare_python_program,
+    write_state_only_project,
+)
+
+# Backends that are not Pulumi Cloud, and so cannot resolve ESC environments.
+DIY_BACKEND_SCHEMES: Final = ("file://", "s3://", "gs://", "azblob://", "postgres://")
+UNLOCK_TIMEOUT_SECONDS: Final = 30.0
+
+
+@dataclass
+class Outcome:
+    """What a successful operation produced."""
+
+    changes: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    secret_outputs: list[str] = field(default_factory=list)
+    drifted: int | None = None
+    permalink: str = ""
+    message: str = ""
+
+
+def secret_env_names(snapshot: RunSnapshot, spec: StackSpec) -> list[str]:
+    """Environment variables whose values are secret: those the snapshot names, envRefs of
+    type Secret, workspaceTemplate env from a secretKeyRef, and Pulumi's credentials."""
+    names = [*snapshot.secret_env, *PULUMI_SECRET_ENV]
+    names += [name for name, ref in (spec.env_refs or {}).items() if ref.type == "Secret"]
+    template = spec.workspace_template.spec if spec.workspace_template else None
+    for item in (template.env if template else None) or []:
+        if "secretKeyRef" in (item.get("valueFrom") or {}):
+            names.append(str(item.get("name")))
+    return names
+
+
+def runner_only_env_names(snapshot: RunSnapshot) -> set[str]:
+    """Variables only the runner reads — git credentials and config values, which it passes
+    on in its own way — so neither Pulumi nor the program gets them."""
+    auth = snapshot.git_auth
+    names = {source.env for source in snapshot.config_from_env.values()}
+    if auth is not None:
+        names |= {n for n in auth.model_dump().values() if n}
+    return names
+
+
+@dataclass
+class _Run:
+    snapshot: RunSnapshot
+    env: Mapping[str, str]
+    log: RunLog
+    cancellation: Cancellation
+    started: datetime
+    # The environment of git, pip, Pulumi: without what only the runner needs.
+    process_env: Mapping[str, str] = field(default_factory=dict)
+    commit: str = ""
+    project_info: ProjectInfo | None = None
+    pulumi_version: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def execute(
+    snapshot: RunSnapshot,
+    env: Mapping[str, str],
+    log: RunLog,
+    cancellation: Cancellation,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> RunResult:
+    """Run the snapshot's operation; the result is bounded and holds no secret value."""
+    run = _Run(snapshot, env, log, cancellation, started=now())
+    reason: ResultReason = "Succeeded"
+    outcome = Outcome()
+    message = ""
+    cwd = os.getcwd()
+    try:
+        with scrubbed_output(log.redactor):
+            outcome = _execute(run)
+        message = "\n".join([*run.notes, outcome.message]).strip()
+    except RunFailure as failure:
+        reason, message = failure.reason, failure.message
+    except CommandError as error:
+        stdout, stderr = command_output(error)
+        classified = classify_pulumi_error(type(error).__name__, stdout, stderr)
+        reason, message = classified.reason, classified.message
+    except Exception as error:  # a bug: still report it, never die without a result
+        log.step("internal error:\n" + traceback.format_exc())
+        reason, message = "JobFailed", f"internal runner error: {type(error).__name__}: {error}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+    if reason != "Succeeded" and cancellation.requested:
+        stopped = cancellation.failure()
+        reason, message = stopped.reason, f"{stopped.message}\n{message}".strip()
+    result = RunResult(
+        operation=snapshot.operation,
+        drift_check=snapshot.drift_check,
+        state="succeeded" if reason == "Succeeded" else "failed",
+        reason=reason,
+        message=bound_message(log.redactor.scrub(message)),
+        stack=snapshot.stack,
+        job_name=snapshot.job_name,
+        generation=snapshot.generation,
+        reconcile_request=snapshot.reconcile_request,
+        commit=run.commit,
+        start_time=run.started,
+        end_time=now(),
+        outputs=outcome.outputs,
+        secret_outputs=outcome.secret_outputs,
+        changes=outcome.changes,
+        drifted_resources=outcome.drifted,
+        permalink=outcome.permalink,
+        pulumi_version=run.pulumi_version,
+        project_info=run.project_info,
+    )
+    return bound_result(result)
+
+
+def _execute(run: _Run) -> Outcome:
+    snapshot, env, log = run.snapshot, run.env, run.log
+    check = load_stack_spec(snapshot.spec, snapshot.stack.namespace)
+    if check.spec is None or check.problems:
+        raise RunFailure(
+            "InvalidSpec", "the Stack's spec is invalid:\n" + "\n".join(check.problems)
+        )
+    spec = check.spec
+    if spec.environment:
+        _check_environment_support(spec, env)
+    credentials = (
+        git.resolve_git_credentials(snapshot.git_auth, spec.git_auth, env)
+        if spec.project_repo
+        else None
+    )
+    config = collect_config(spec, snapshot.config_from_env, env)
+    redactor = log.redactor
+    redactor.add(*(credentials.secrets() if credentials else []), *secret_values(config))
+    redactor.add_env(env, secret_env_names(snapshot, spec))
+    hidden = runner_only_env_names(snapshot)
+    run.process_env = {name: value for name, value in env.items() if name not in hidden}
+
+    with _private_dir(env) as private:
+        project, state_only = _source(run, spec, credentials, private)
+        run.project_info = project.info
+        cache_dir = cache_dir_from(env)
+        if state_only:
+            program: Callable[[], None] = _no_program
+        else:
+            python = prepare_python_program(
+                project,
+                cache_dir,
+                log.step,
+                lambda argv: run.cancellation.run(
+                    argv, run.process_env, timeout=PIP_TIMEOUT_SECONDS
+                ),
+            )
+            program = python.function()
+        pulumi_env = _pulumi_env(spec, env)
+        command = _pulumi_command(run, {**run.process_env, **pulumi_env})
+        run.pulumi_version = str(command.version or "")
+        workspace = RunnerWorkspace(
+            work_dir=str(project.directory),
+            program=program,
+            env_vars=pulumi_env,
+            secrets_provider=spec.secrets_provider,
+            pulumi_command=command,
+            pulumi_home=env.get("PULUMI_HOME"),
+        )
+        stack = _select_stack(run, spec, workspace)
+        if stack is None:
+            return Outcome(message=f"stack {spec.stack} does not exist; nothing to destroy")
+        if config:
+            log.step(f"setting {len(config)} config value(s)")
+            stack.set_all_config_json(config_json(config))
+        if spec.environment:
+            log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
+            stack.add_environments(*spec.environment)
+        try:
+            return _operate(run, spec, stack)
+        finally:
+            if run.cancellation.killed:
+                _unlock(run, spec, project.directory, {**run.process_env, **pulumi_env})
+
+
+@contextlib.contextmanager
+def _private_dir(env: Mapping[str, str]) -> Iterator[Path]:
+    """A 0700 directory for the checkout and credential helpers, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="pkobatch-run-", dir=env.get("TMPDIR")))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _no_program() -> None:
+    """The program of a destroy from state: never run (no --run-program)."""
+
+
+def _source(
+    run: _Run, spec: StackSpec, credentials: git.GitCredentials | None, private: Path
+) -> tuple[Project, bool]:
+    """The project to run, from git or the image; or, for a destroy whose source is gone, a
+    minimal project to destroy from the stack's state (then the flag is True)."""
+    try:
+        return _fetch_source(run, spec, credentials, private), False
+    except RunFailure as failure:
+        info = run.snapshot.project_info
+        update = spec.update_template.spec if spec.update_template else None
+        run_program = bool(spec.run_program or (update and update.run_program))
+        if (
+            failure.reason != "SourceUnavailable"
+            or run.snapshot.operation != "destroy"
+            or run.snapshot.drift_check
+            or run_program
+            or info is None
+        ):
+            raise
+        run.log.step(f"source unavailable ({failure.message}); destroying from the stack's state")
+        run.notes.append(f"destroyed from the stack's state: {failure.message}")
+        return write_state_only_project(private / "state-only", info), True
+
+
+def _fetch_source(
+    run: _Run, spec: StackSpec, credentials: git.GitCredentials | None, private: Path
+) -> Project:
+    kind = spec.source_kind()
+    if kind == "git":
+        assert spec.project_repo is not None
+        source = git.GitSource(
+            url=spec.project_repo,
+            branch=spec.branch or "",
+            commit=run.snapshot.commit or spec.commit or "",
+            shallow=bool(spec.shallow),
+        )
+        run.log.step(f"fetching {source.describe()}")
+        helpers = private / "git-helpers"
+        helpers.mkdir(mode=0o700)
+        git_env = git.git_environment(run.process_env, credentials, source.url, helpers)
+        checkout = private / "source"
+        run.commit = git.checkout(
+            source,
+            checkout,
+            git_env,
+            run.log.redactor,
+            lambda argv, env, cwd: run.cancellation.run(
+                argv, env, cwd, timeout=git.GIT_TIMEOUT_SECONDS
+            ),
+        )
+        run.log.step(f"checked out {run.commit}")
+        directory = (checkout / (spec.repo_dir or "")).resolve()
+        if not directory.is_relative_to(checkout.resolve()) or not directory.is_dir():
+            raise RunFailure(
+                "SourceUnavailable",
+                f"spec.repoDir {spec.repo_dir!r} is not a directory of the repository at "
+                f"{run.commit}",
+            )
+        return load_project(directory)
+    if kind != "none":
+        raise RunFailure(
+            "InvalidSpec",
+            f"spec.{'fluxSource' if kind == 'flux' else 'programRef'} is not supported by this "
+            "runner: use spec.projectRepo or a program baked into the image",
+        )
+    template = spec.workspace_template.spec if spec.workspace_template else None
+    local_dir = template.local.dir if template and template.local else None
+    if not local_dir:
+        raise RunFailure(
+            "InvalidSpec",
+            "the Stack has no source: set spec.projectRepo (with branch or commit) or "
+            "workspaceTemplate.spec.local.dir (a program baked into the runner image)",
+        )
+    run.log.step(f"using the program in {local_dir}")
+    return load_project(copy_program(Path(local_dir), private / "program"))
+
+
+def _pulumi_env(spec: StackSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """Variables every Pulumi command of the run gets on top of the process environment."""
+    pulumi_env = {
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        # Dynamic providers and other Python plugins run with the runner's interpreter.
+        "PULUMI_PYTHON_CMD": env.get("PULUMI_PYTHON_CMD") or sys.executable,
+    }
+    if spec.backend:
+        pulumi_env["PULUMI_BACKEND_URL"] = spec.backend
+    return pulumi_env
+
+
+def _pulumi_command(run: _Run, env: Mapping[str, str]) -> RunnerPulumiCommand:
+    try:
+        return RunnerPulumiCommand(run.cancellation, env)
+    except FileNotFoundError:
+        raise RunFailure(
+            "JobFailed",
+            "the pulumi CLI is not on PATH: the runner image must provide it (see jobs/Dockerfile)",
+        ) from None
+
+
+def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Stack | None:
+    """The stack, created if allowed; None for a destroy of a stack that does not exist."""
+    try:
+        stack = Stack.select(spec.stack, workspace)
+        run.log.step(f"selected stack {spec.stack}")
+        return stack
+    except StackNotFoundError as error:
+        if run.snapshot.operation == "destroy":
+            return None
+        if spec.use_local_stack_only or run.snapshot.drift_check:
+            _, stderr = command_output(error)
+            raise RunFailure(
+                "StackNotFound",
+                f"stack {spec.stack} does not exist in the backend and "
+                + (
+                    "spec.useLocalStackOnly forbids creating it; create it with `pulumi stack "
+                    "init` or unset useLocalStackOnly"
+                    if spec.use_local_stack_only
+                    else "a drift check never creates it"
+                )
+                + f" ({stderr.strip()})",
+            ) from None
+    run.log.step(f"creating stack {spec.stack}")
+    return Stack.create(spec.stack, workspace)
+
+
+def _check_environment_support(spec: StackSpec, env: Mapping[str, str]) -> None:
+    backend = spec.backend or env.get("PULUMI_BACKEND_URL", "")
+    if backend.startswith(DIY_BACKEND_SCHEMES):
+        scheme = backend.split("://", 1)[0]
+        raise RunFailure(
+            "InvalidSpec",
+            f"spec.environment needs Pulumi ESC, which only the Pulumi Cloud backend provides; "
+            f"this stack's backend is a {scheme}:// backend: remove spec.environment or use a "
+            "Pulumi Cloud backend",
+        )
+
+
+def _operate(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
+    snapshot, log = run.snapshot, run.log
+    update = spec.update_template.spec if spec.update_template else None
+
+    def pick(override: Any, default: Any) -> Any:
+        return override if override is not None else default
+
+    common: dict[str, Any] = {"on_output": log.pulumi, "on_error": log.pulumi}
+    level = (
+        spec.workspace_template.spec.pulumi_log_level
+        if (spec.workspace_template and spec.workspace_template.spec)
+        else None
+    )
+    if level:
+        common.update(log_verbosity=level, log_to_std_err=True, log_flow=True)
+    if update is not None:
+        if update.parallel is not None:
+            common["parallel"] = update.parallel
+        if update.message:
+            common["message"] = update.message
+    refresh = pick(update.refresh if update else None, spec.refresh)
+    targets = pick(update.target if update else None, spec.targets) or None
+    target_dependents = pick(update.target_dependents if update else None, spec.target_dependents)
+    run_program = pick(update.run_program if update else None, spec.run_program)
+    expect_no_changes = update.expect_no_changes if update else None
+    continue_on_error = update.continue_on_error if update else None
+    replace = update.replace if update else None
+
+    if snapshot.drift_check:
+        log.step("checking for drift (refresh --preview-only)")
+        preview = stack.preview_refresh(**common)
+        changes = normalize_changes(preview.change_summary)
+        return Outcome(changes=changes, drifted=count_drift(changes))
+    operation = snapshot.operation
+    log.step(f"running {operation}")
+    if operation == "up":
+        up = stack.up(
+            target=targets,
+            target_dependents=target_dependents,
+            refresh=refresh,
+            expect_no_changes=expect_no_changes,
+            continue_on_error=continue_on_error,
+            replace=replace,
+            show_secrets=False,
+            **common,
+        )
+        masked = {key: value.value for key, value in up.outputs.items()}
+        return Outcome(
+            changes=normalize_changes(up.summary.resource_changes),
+            outputs=run.log.redactor.mask_value(masked),
+            secret_outputs=secret_output_keys(masked),
+            permalink=find_permalink(up.stdout),
+        )
+    if operation == "preview":
+        preview = stack.preview(
+            target=targets,
+            target_dependents=target_dependents,
+            refresh=refresh,
+            expect_no_changes=expect_no_changes,
+            replace=replace,
+            **common,
+        )
+        return Outcome(
+            changes=normalize_changes(preview.change_summary),
+            permalink=find_permalink(preview.stdout),
+        )
+    if operation == "refresh":
+        refreshed = stack.refresh(
+            expect_no_changes=expect_no_changes,
+            run_program=update.run_program if update else None,
+            show_secrets=False,
+            **common,
+        )
+        changes = normalize_changes(refreshed.summary.resource_changes)
+        return Outcome(
+            changes=changes,
+            drifted=count_drift(changes),
+            permalink=find_permalink(refreshed.stdout),
+        )
+    destroyed = stack.destroy(
+        refresh=refresh,
+        continue_on_error=continue_on_error,
+        run_program=run_program or None,
+        remove=update.remove if update else None,
+        show_secrets=False,
+        **common,
+    )
+    return Outcome(
+        changes=normalize_changes(destroyed.summary.resource_changes),
+        permalink=find_permalink(destroyed.stdout),
+    )
+
+
+def _unlock(run: _Run, spec: StackSpec, directory: Path, env: Mapping[str, str]) -> None:
+    """After Pulumi had to be killed: remove the lock it left (``pulumi cancel``)."""
+    timeout = min(UNLOCK_TIMEOUT_SECONDS, run.cancellation.seconds_left())
+    if timeout <= 1:
+        return
+    run.log.step("Pulumi was killed; running `pulumi cancel` to release the stack lock")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["pulumi", "cancel", "--yes", "--non-interactive", "--stack", spec.stack],
+            cwd=directory,
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        run.log.step(f"pulumi cancel: {(done.stdout + done.stderr).strip()}")

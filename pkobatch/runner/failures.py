@@ -1,0 +1,130 @@
+"""Why a run failed: a reason from the closed set in ``ResultReason`` plus a short message.
+
+Everything here is pure. The runner raises ``RunFailure`` where it knows the reason itself
+(git, spec, dependencies) and turns a failed Pulumi command into one with
+``classify_pulumi_error`` from the Automation API's error class name and the command's
+output. The message is what users read in ``status.lastUpdate.message``: the error lines
+Pulumi printed (its "Diagnostics" section and stderr), not its progress display, cut to
+``MAX_MESSAGE_CHARS``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from pkobatch.api.constants import ResultReason
+from pkobatch.api.run import MAX_MESSAGE_CHARS
+
+
+class RunFailure(Exception):
+    """A run ended without success for a known reason."""
+
+    def __init__(self, reason: ResultReason, message: str) -> None:
+        super().__init__(message)
+        self.reason: ResultReason = reason
+        self.message = message
+
+
+_TOKEN_PATTERNS: Final = re.compile(
+    r"invalid access token|PULUMI_ACCESS_TOKEN must be set|\[401\]|401 Unauthorized",
+    re.IGNORECASE,
+)
+_CONFLICT_PATTERNS: Final = re.compile(
+    r"\[409\] Conflict|Another update is currently in progress|the stack is currently locked by"
+)
+_SPEC_PATTERNS: Final = re.compile(
+    r"passphrase must be set|incorrect passphrase|could not parse --json|invalid --json object key"
+    r"|unsupported secrets provider|environments are not supported",
+    re.IGNORECASE,
+)
+_REPEATED: Final = "an unhandled error occurred: "
+_PROGRAM_KINDS: Final = frozenset({"CompilationError", "RuntimeError", "InlineSourceRuntimeError"})
+
+
+def classify_pulumi_error(kind: str, stdout: str, stderr: str) -> RunFailure:
+    """The failure for a Pulumi command that exited non-zero.
+
+    ``kind`` is the Automation API's error class name (``StackNotFoundError``,
+    ``ConcurrentUpdateError``, ``CompilationError``, ``RuntimeError``, ``CommandError``).
+    """
+    message = pulumi_error_message(stdout, stderr)
+    text = f"{stderr}\n{stdout}"
+    if kind == "StackNotFoundError":
+        return RunFailure("StackNotFound", message)
+    if kind == "ConcurrentUpdateError" or _CONFLICT_PATTERNS.search(text):
+        return RunFailure(
+            "UpdateConflict",
+            bound_message(
+                "the stack is locked by another update; if none is running, release the "
+                f"lock with `pulumi cancel`\n{message}"
+            ),
+        )
+    if kind in _PROGRAM_KINDS:
+        return RunFailure("ProgramError", message)
+    if _TOKEN_PATTERNS.search(text):
+        return RunFailure("InvalidAccessToken", message)
+    if _SPEC_PATTERNS.search(text):
+        return RunFailure("InvalidSpec", message)
+    return RunFailure("ProgramError", message)
+
+
+def _diagnostic_errors(stdout: str) -> list[str]:
+    """The error entries of Pulumi's "Diagnostics:" section, dedented, without repeats."""
+    lines = stdout.splitlines()
+    try:
+        start = lines.index("Diagnostics:") + 1
+    except ValueError:
+        return []
+    entries: list[list[str]] = []
+    current: list[str] | None = None  # None: inside a warning/info entry, or none yet
+    resource = ""
+    for line in lines[start:]:
+        if line and not line.startswith(" "):
+            break  # the next section ("Outputs:", "Resources:", ...)
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
+            resource, current = line.strip(), None
+            continue
+        text = line[4:] if line.startswith("    ") else line.strip()
+        if text.startswith("error:"):
+            current = [f"{resource} {text}".strip()]
+            entries.append(current)
+        elif re.match(r"^(warning|info|debug):", text):
+            current = None
+        elif current is not None and text.strip():
+            current.append(text)
+    errors: list[str] = []
+    seen: set[str] = set()
+    for entry in entries:
+        # The engine repeats a program's error as "an unhandled error occurred: <error>".
+        key = "\n".join(entry).split("error: ", 1)[-1].removeprefix(_REPEATED)
+        if key not in seen:
+            seen.add(key)
+            errors.append("\n".join(entry))
+    return errors
+
+
+def pulumi_error_message(stdout: str, stderr: str) -> str:
+    """The part of a failed command's output that says what went wrong."""
+    parts = _diagnostic_errors(stdout)
+    err = "\n".join(line.strip() for line in stderr.splitlines() if line.strip())
+    if err and err not in parts:
+        parts.append(err)
+    if not parts:
+        tail = [line.strip() for line in stdout.splitlines() if line.strip()][-20:]
+        parts = ["\n".join(tail)] if tail else ["the Pulumi command failed without output"]
+    return bound_message("\n".join(parts))
+
+
+def bound_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, keeping its start and (mostly) its end, where
+    Python tracebacks and Pulumi put the actual error."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters omitted ...]\n"
+    room = limit - len(marker.format(len(text)))
+    head = room // 4
+    tail = room - head
+    omitted = len(text) - head - tail
+    return text[:head] + marker.format(omitted) + text[len(text) - tail :]

@@ -1,0 +1,125 @@
+"""The Automation API, adapted to run inside a Job.
+
+``RunnerPulumiCommand`` is the Automation API's ``PulumiCommand`` with a ``run`` that does
+what the SDK's does (``--non-interactive``, ``PULUMI_AUTOMATION_API``, line callbacks, the
+SDK's typed errors) plus three things a Job needs:
+
+- the CLI starts in its own session and is tracked by the run's ``Cancellation``, which can
+  interrupt it the way Pulumi expects (see ``pkobatch.runner.cancel``);
+- no command starts once the run is cancelled;
+- a failed command's output stays attached to the error (``command_output``), so the
+  runner can classify it and quote Pulumi's own message.
+
+``RunnerWorkspace`` reads stack outputs *masked* — one ``pulumi stack output --json``
+without ``--show-secrets`` — so secret outputs are ``"[secret]"`` at any depth and their
+plaintext never reaches the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Mapping
+from typing import IO, Any
+
+from pulumi.automation import (
+    LocalWorkspace,
+    OutputMap,
+    OutputValue,
+    PulumiCommand,
+)
+from pulumi.automation._cmd import CommandResult, OnOutput
+from pulumi.automation.errors import create_command_error
+
+from pkobatch.api.run import SECRET_PLACEHOLDER
+from pkobatch.runner.cancel import Cancellation
+
+_OUTPUT_ATTRIBUTE = "pkobatch_output"
+
+
+def command_output(error: BaseException) -> tuple[str, str]:
+    """(stdout, stderr) of the Pulumi command that raised ``error`` ("" when unknown)."""
+    output = getattr(error, _OUTPUT_ATTRIBUTE, None)
+    if isinstance(output, tuple) and len(output) == 2:
+        return str(output[0]), str(output[1])
+    return "", str(error)
+
+
+def _pump(stream: IO[str], callback: OnOutput | None, sink: list[str]) -> None:
+    for line in iter(stream.readline, ""):
+        stripped = line.rstrip()
+        if callback is not None:
+            callback(stripped)
+        sink.append(stripped)
+    stream.close()
+
+
+class RunnerPulumiCommand(PulumiCommand):
+    """A ``PulumiCommand`` whose processes a ``Cancellation`` can interrupt."""
+
+    def __init__(self, cancellation: Cancellation, env: Mapping[str, str]) -> None:
+        self._cancellation = cancellation
+        self._env = dict(env)
+        super().__init__()
+
+    def run(
+        self,
+        args: list[str],
+        cwd: str,
+        additional_env: Mapping[str, str],
+        on_output: OnOutput | None = None,
+        on_error: OnOutput | None = None,
+    ) -> CommandResult:
+        self._cancellation.raise_if_requested()
+        separator = args.index("--") if "--" in args else len(args)
+        if "--non-interactive" not in args[:separator]:
+            args.insert(0, "--non-interactive")
+        env = {**self._env, **additional_env, "PULUMI_AUTOMATION_API": "true"}
+        if os.path.isabs(self.command):
+            env["PATH"] = os.pathsep.join([os.path.dirname(self.command), env.get("PATH", "")])
+        stdout: list[str] = []
+        stderr: list[str] = []
+        with subprocess.Popen(
+            [self.command, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            encoding="utf-8",
+            errors="replace",
+            start_new_session=True,
+        ) as process:
+            assert process.stdout is not None and process.stderr is not None
+            readers = [
+                threading.Thread(target=_pump, args=(process.stdout, on_output, stdout)),
+                threading.Thread(target=_pump, args=(process.stderr, on_error, stderr)),
+            ]
+            with self._cancellation.track(process, graceful=True):
+                for reader in readers:
+                    reader.start()
+                for reader in readers:
+                    reader.join()
+                process.wait()
+        result = CommandResult(
+            stdout="\n".join(stdout), stderr="\n".join(stderr), code=process.returncode
+        )
+        if result.code != 0:
+            error = create_command_error(result)
+            setattr(error, _OUTPUT_ATTRIBUTE, (result.stdout, result.stderr))
+            raise error
+        return result
+
+
+class RunnerWorkspace(LocalWorkspace):
+    """A ``LocalWorkspace`` that never asks Pulumi for secret plaintext."""
+
+    def stack_outputs(self, stack_name: str) -> OutputMap:
+        result = self._run_pulumi_cmd_sync(["stack", "output", "--json", "--stack", stack_name])
+        masked: dict[str, Any] = json.loads(result.stdout or "{}")
+        return {
+            key: OutputValue(value=value, secret=value == SECRET_PLACEHOLDER)
+            for key, value in masked.items()
+        }

@@ -1,0 +1,251 @@
+"""The runner as a local process (`pkobatch run -f stack.yaml -o json`), with the real Pulumi
+CLI and real git repositories served over HTTP with authentication on loopback.
+
+Every run is a separate `python -m pkobatch.main run` process, exactly as a user runs it;
+its stdout is the RunResult JSON and its stderr the run's log.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
+
+pytestmark = pytest.mark.e2e
+
+RUN_TIMEOUT = 300
+
+
+class Runs:
+    """Writes Stack manifests and runs them with `pkobatch run`."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], files_dir: Path) -> None:
+        self.tmp_path = tmp_path
+        self.env = env
+        self.files_dir = files_dir
+        self.count = 0
+
+    def manifest(self, repo_url: str, **spec: Any) -> Path:
+        self.count += 1
+        config = {"directory": str(self.files_dir), **spec.pop("config", {})}
+        body = {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "metadata": {"name": "files", "namespace": "e2e"},
+            "spec": {"stack": "dev", "projectRepo": repo_url, "branch": "main", **spec},
+        }
+        body["spec"]["config"] = config
+        path = self.tmp_path / f"stack-{self.count}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        return path
+
+    def start(self, manifest: Path, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pkobatch.main",
+                "run",
+                "-f",
+                str(manifest),
+                "-o",
+                "json",
+                *args,
+            ],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    @staticmethod
+    def finish(process: subprocess.Popen[str]) -> tuple[RunResult, str, int]:
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
+        assert stdout.strip(), f"no result on stdout; log:\n{stderr}"
+        return RunResult.model_validate_json(stdout), stderr, process.returncode
+
+    def run(self, manifest: Path, *args: str) -> tuple[RunResult, str, int]:
+        return self.finish(self.start(manifest, *args))
+
+
+@pytest.fixture
+def runs(pulumi_env: Any, tmp_path: Path) -> Runs:
+    env = {
+        **pulumi_env.env,
+        "HOME": str(tmp_path / "home"),
+        "PKOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "TMPDIR": str(tmp_path),
+    }
+    return Runs(tmp_path, env, pulumi_env.files_dir)
+
+
+def basic_auth(server: Any) -> dict[str, Any]:
+    return {
+        "gitAuth": {
+            "basicAuth": {
+                "userName": {"type": "Literal", "literal": {"value": server.username}},
+                "password": {"type": "Secret", "secret": {"name": "git", "key": "password"}},
+            }
+        }
+    }
+
+
+def test_up_over_http_basic_auth_then_no_changes(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
+) -> None:
+    repo = git_repo()
+    manifest = runs.manifest(
+        repo.http_url,
+        **basic_auth(git_server),
+        secretsRef={"token": {"type": "Secret", "secret": {"name": "app", "key": "token"}}},
+    )
+    secrets = ["--secret", f"git/password={git_server.password}", "--secret", "app/token=tok-e2e-1"]
+
+    result, log, code = runs.run(manifest, *secrets)
+
+    assert (code, result.state, result.reason) == (0, "succeeded", "Succeeded"), result.message
+    assert result.commit == repo.commit
+    assert result.changes == {"create": 3}
+    assert result.outputs["token"] == "[secret]"
+    assert result.secret_outputs == ["token"]
+    assert result.outputs["paths"] == [str(runs.files_dir / f"file-{i}.txt") for i in range(2)]
+    assert (runs.files_dir / "file-1.txt").read_text() == "hello 1"
+    assert result.project_info is not None and result.project_info.runtime == "python"
+    assert result.pulumi_version == "3.259.0"
+    assert "tok-e2e-1" not in log and git_server.password not in log
+
+    again, _, code = runs.run(manifest, *secrets)
+    assert (code, again.changes) == (0, {"same": 3})
+
+
+@pytest.fixture
+def token_git_server(git_server: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The same repositories, behind a second server of the shared fixture's kind that
+    accepts a token: HTTP basic auth with user "git" (how the runner sends an accessToken)."""
+    root_conftest = next(
+        plugin
+        for plugin in request.config.pluginmanager.get_plugins()
+        if getattr(plugin, "__file__", None) == str(Path(__file__).parents[1] / "conftest.py")
+    )
+    token = base64.urlsafe_b64encode(b"e2e-token-" + str(time.time()).encode()).decode()
+    server = root_conftest._GitHttpServer(git_server.root, "git", token)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root_conftest.GitServer(git_server.root, "git", token, int(server.server_address[1]))
+    server.shutdown()
+    server.server_close()
+
+
+def test_up_over_http_with_a_token(
+    runs: Runs, git_repo: Callable[..., Any], token_git_server: Any
+) -> None:
+    repo = git_repo()
+    url = f"{token_git_server.url}/{repo.bare.name}"
+    manifest = runs.manifest(
+        url,
+        gitAuth={"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
+        config={"files": "1"},
+    )
+
+    result, log, code = runs.run(manifest, "--secret", f"git/token={token_git_server.password}")
+
+    assert (code, result.reason) == (0, "Succeeded"), result.message
+    assert result.commit == repo.commit
+    assert token_git_server.password not in log
+
+
+def test_a_wrong_password_or_token_is_source_unavailable_and_never_shown(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any, token_git_server: Any
+) -> None:
+    repo = git_repo()
+    wrong = "wrong-password-5ec7e7"
+    basic = runs.manifest(repo.http_url, **basic_auth(git_server))
+    result, log, code = runs.run(basic, "--secret", f"git/password={wrong}")
+    assert (code, result.reason) == (1, "SourceUnavailable")
+    assert "git fetch" in result.message
+    for text in (result.to_json(), log):
+        assert wrong not in text and git_server.password not in text
+
+    wrong_token = "wrong-token-0badc0de"
+    token = runs.manifest(
+        f"{token_git_server.url}/{repo.bare.name}",
+        gitAuth={"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
+    )
+    result, log, code = runs.run(token, "--secret", f"git/token={wrong_token}")
+    assert (code, result.reason) == (1, "SourceUnavailable")
+    for text in (result.to_json(), log):
+        assert wrong_token not in text and token_git_server.password not in text
+
+
+def test_a_syntax_error_is_a_program_error_quoting_python(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
+) -> None:
+    repo = git_repo("syntax-error")
+    manifest = runs.manifest(repo.http_url, **basic_auth(git_server))
+
+    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+
+    assert (code, result.reason) == (1, "ProgramError")
+    assert "SyntaxError: invalid syntax" in result.message
+    assert 'File "__main__.py", line 4' in result.message
+
+
+def test_a_missing_stack_with_use_local_stack_only_is_stack_not_found(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
+) -> None:
+    repo = git_repo()
+    manifest = runs.manifest(repo.http_url, **basic_auth(git_server), useLocalStackOnly=True)
+
+    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+
+    assert (code, result.reason) == (1, "StackNotFound")
+    assert "useLocalStackOnly" in result.message
+
+
+def test_two_concurrent_ups_one_succeeds_one_conflicts(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any, pulumi_env: Any
+) -> None:
+    repo = git_repo()
+    secret = ["--secret", f"git/password={git_server.password}"]
+    slow = runs.manifest(repo.http_url, **basic_auth(git_server), config={"sleepSeconds": "20"})
+    first = runs.start(slow, *secret)
+    locks = Path(pulumi_env.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
+    deadline = time.monotonic() + 120
+    while not any(p.is_file() for p in locks.rglob("*.json")):
+        assert first.poll() is None, "the first up ended before taking the stack lock"
+        assert time.monotonic() < deadline, "the first up never took the stack lock"
+        time.sleep(0.2)
+
+    second, _, second_code = runs.run(slow, *secret)
+    first_result, _, first_code = runs.finish(first)
+
+    assert (first_code, first_result.reason) == (0, "Succeeded"), first_result.message
+    assert (second_code, second.reason) == (1, "UpdateConflict")
+    assert "locked" in second.message
+
+
+def test_5000_outputs_give_a_bounded_truncated_result(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
+) -> None:
+    repo = git_repo("many-outputs")
+    manifest = runs.manifest(
+        repo.http_url, **basic_auth(git_server), config={"outputCount": "5000"}
+    )
+
+    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+
+    assert (code, result.reason) == (0, "Succeeded"), result.message
+    assert result.truncated
+    assert len(result.to_json().encode()) <= MAX_RESULT_BYTES
+    assert len(result.outputs) == MAX_RESULT_OUTPUTS
+    assert "of 5004 outputs" in result.message

@@ -1,0 +1,128 @@
+"""Stack config from the spec and the run's environment, as one `config set-all --json`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pkobatch.api.run import ValueFromEnv
+from pkobatch.api.stack import StackSpec
+from pkobatch.runner.failures import RunFailure
+from pkobatch.runner.stack_config import ConfigItem, collect_config, config_json, secret_values
+
+
+def spec(**fields: Any) -> StackSpec:
+    return StackSpec.model_validate({"stack": "dev", **fields})
+
+
+def test_every_source_lands_with_the_right_secrecy() -> None:
+    items = collect_config(
+        spec(
+            config={"region": "eu", "sizes": [1, 2], "nested": {"a": True}},
+            configRef={
+                "fromCm": {"name": "cm", "key": "k"},
+                "jsonCm": {"name": "cm", "key": "j", "json": True},
+            },
+            secrets={"inline": "inline-secret"},
+            secretsRef={
+                "lit": {"type": "Literal", "literal": {"value": "literal-secret"}},
+                "sec": {"type": "Secret", "secret": {"name": "s", "key": "k"}},
+            },
+        ),
+        {
+            "fromCm": ValueFromEnv(env="CM_K"),
+            "jsonCm": ValueFromEnv(env="CM_J", json=True),
+            "sec": ValueFromEnv(env="SEC_K", secret=True),
+        },
+        {"CM_K": "plain", "CM_J": '{"x": [1]}', "SEC_K": "from-secret"},
+    )
+    assert items == {
+        "region": ConfigItem("eu", False),
+        "sizes": ConfigItem([1, 2], False),
+        "nested": ConfigItem({"a": True}, False),
+        "fromCm": ConfigItem("plain", False),
+        "jsonCm": ConfigItem({"x": [1]}, False),
+        "inline": ConfigItem("inline-secret", True),
+        "lit": ConfigItem("literal-secret", True),
+        "sec": ConfigItem("from-secret", True),
+    }
+
+
+def test_a_secret_ref_is_secret_even_if_the_snapshot_forgot_to_say_so() -> None:
+    items = collect_config(
+        spec(secretsRef={"k": {"type": "Secret", "secret": {"name": "s", "key": "k"}}}),
+        {"k": ValueFromEnv(env="V")},
+        {"V": "value"},
+    )
+    assert items["k"].secret
+
+
+def test_later_sources_win() -> None:
+    items = collect_config(spec(config={"k": "plain"}, secrets={"k": "secret"}), {}, {})
+    assert items == {"k": ConfigItem("secret", True)}
+
+
+@pytest.mark.parametrize(
+    ("fields", "from_env", "env", "expected"),
+    [
+        ({"configRef": {"k": {"name": "cm", "key": "k"}}}, {}, {}, "snapshot.configFromEnv"),
+        (
+            {"configRef": {"k": {"name": "cm", "key": "k"}}},
+            {"k": ValueFromEnv(env="MISSING")},
+            {},
+            "key k of ConfigMap cm does not exist",
+        ),
+        (
+            {"secretsRef": {"k": {"type": "Secret", "secret": {"name": "s", "key": "pw"}}}},
+            {"k": ValueFromEnv(env="MISSING", secret=True)},
+            {},
+            "key pw of Secret s does not exist",
+        ),
+        (
+            {"configRef": {"k": {"name": "cm", "key": "k", "json": True}}},
+            {"k": ValueFromEnv(env="V", json=True)},
+            {"V": "{not json"},
+            "not valid JSON",
+        ),
+    ],
+)
+def test_problems_are_invalid_spec_and_say_what_to_fix(
+    fields: dict[str, Any], from_env: dict[str, ValueFromEnv], env: dict[str, str], expected: str
+) -> None:
+    with pytest.raises(RunFailure) as raised:
+        collect_config(spec(**fields), from_env, env)
+    assert raised.value.reason == "InvalidSpec"
+    assert expected in raised.value.message
+
+
+def test_config_json_is_the_set_all_format() -> None:
+    document = json.loads(
+        config_json(
+            {
+                "s": ConfigItem("text", False),
+                "n": ConfigItem(3, False),
+                "o": ConfigItem({"a": [1, "b"]}, True),
+                "f": ConfigItem(False, False),
+            }
+        )
+    )
+    assert document == {
+        "f": {"secret": False, "value": "false", "objectValue": False},
+        "n": {"secret": False, "value": "3", "objectValue": 3},
+        "o": {"secret": True, "value": '{"a":[1,"b"]}', "objectValue": {"a": [1, "b"]}},
+        "s": {"secret": False, "value": "text"},
+    }
+
+
+def test_secret_values_cover_strings_inside_structured_secrets() -> None:
+    values = secret_values(
+        {
+            "plain": ConfigItem("visible", False),
+            "s": ConfigItem("hidden", True),
+            "o": ConfigItem({"pw": "deep-secret", "n": 12345}, True),
+        }
+    )
+    assert "visible" not in values
+    assert {"hidden", "deep-secret", "12345"} <= set(values)

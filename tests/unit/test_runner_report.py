@@ -1,0 +1,103 @@
+"""Result writing: retries on transient API errors only, and the Job's deadline.
+
+A real API server cannot be made to fail with a 503 or lose a response on demand, so these
+few edge cases use a narrow stand-in for ``Kube`` that records calls; the real writes are
+covered in tests/e2e/test_runner_job.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pkobatch.api.run import RunResult, StackRef
+from pkobatch.kube.client import AlreadyExists, Forbidden, KubeError, Resource, Unreachable
+from pkobatch.runner.report import ResultNotWritten, ResultWriter, job_deadline
+
+
+class ScriptedKube:
+    """Raises the scripted errors, in order, then behaves."""
+
+    def __init__(self, errors: list[KubeError]) -> None:
+        self.errors = errors
+        self.calls: list[str] = []
+        self.replaced: dict[str, Any] | None = None
+
+    def _step(self, call: str) -> None:
+        self.calls.append(call)
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self._step(f"get {res.plural}")
+        return {"metadata": {"name": name, "uid": "job-uid", "resourceVersion": "7", "labels": {}}}
+
+    def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
+        self._step(f"create {res.plural}")
+        return body
+
+    def replace(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
+        self._step(f"replace {res.plural}")
+        self.replaced = body
+        return body
+
+    def close(self) -> None:
+        pass
+
+
+def result() -> RunResult:
+    return RunResult(
+        operation="up",
+        state="succeeded",
+        reason="Succeeded",
+        stack=StackRef(name="s", namespace="ns"),
+        job_name="s-up-1",
+    )
+
+
+def writer(kube: ScriptedKube) -> ResultWriter:
+    return ResultWriter(lambda: kube, "ns", "s-up-1", sleep=lambda _: None)  # type: ignore[arg-type, return-value]
+
+
+def test_transient_errors_are_retried() -> None:
+    kube = ScriptedKube([Unreachable(0, "Unreachable", "x"), KubeError(503, "Unavailable", "y")])
+    writer(kube).write(result())
+    assert kube.calls == ["create configmaps"] * 3
+
+
+def test_a_lost_create_response_becomes_an_update() -> None:
+    kube = ScriptedKube([AlreadyExists(409, "AlreadyExists", "exists")])
+    writer(kube).write(result())
+    assert kube.calls == ["create configmaps", "get configmaps", "replace configmaps"]
+    assert kube.replaced is not None
+    assert kube.replaced["metadata"]["resourceVersion"] == "7"
+
+
+def test_forbidden_is_not_retried() -> None:
+    kube = ScriptedKube([Forbidden(403, "Forbidden", "no")])
+    with pytest.raises(ResultNotWritten, match="Forbidden"):
+        writer(kube).write(result())
+    assert kube.calls == ["create configmaps"]
+
+
+def test_retries_are_bounded() -> None:
+    kube = ScriptedKube([KubeError(500, "InternalError", "x")] * 50)
+    with pytest.raises(ResultNotWritten):
+        writer(kube).write(result())
+    assert 1 < len(kube.calls) <= 6
+
+
+def test_the_job_gives_owner_and_labels() -> None:
+    kube = ScriptedKube([])
+    w = writer(kube)
+    w.load_job()
+    w.write(result())
+    assert kube.calls == ["get jobs", "create configmaps"]
+
+
+def test_job_deadline() -> None:
+    job = {"spec": {"activeDeadlineSeconds": 600}, "status": {"startTime": "2026-01-01T10:00:00Z"}}
+    assert job_deadline(job) == datetime(2026, 1, 1, 10, 10, tzinfo=UTC)
+    assert job_deadline({"spec": {}, "status": {}}) is None
