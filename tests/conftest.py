@@ -22,19 +22,28 @@ controller's pods as local processes, with ``crds/`` installed.
                                    for subprocesses (e.g. `python -m pkobatch.main controller`)
 
 ``git_server`` -> ``GitServer``: a loopback HTTP git server (``git http-backend``) checking
-basic auth (``git_server.username`` / ``git_server.password``).
+HTTP basic auth. It accepts two kinds of credentials:
+
+    git_server.username / git_server.password   user name and password (user "pkobatch")
+    git_server.token                            a token: accepted as the password of any user
+                                                name, e.g. "git" as PKO's ``gitAuth.accessToken``
+                                                (and the runner) send it
 
 ``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI.
+
+``all_tools`` -> ``Tools``: etcd, Kubernetes and Pulumi, all built (for tests that start their
+own environment with ``pkobatch dev``).
 
 Function scope
 --------------
 ``kube``       the admin ``Kube`` (same object as ``cluster.kube``).
 ``namespace``  a fresh namespace (str) holding ServiceAccount ``pkobatch-runner`` (no
-               rights granted); deleted after the test.
+               rights granted); deleted after the test (unless the test deleted it).
 ``git_repo``   factory ``git_repo(program="files", *, name=None) -> GitRepo``: a real git
                repository holding ``tests/fixtures/programs/<program>`` (variants are overlaid
-               on ``files``), with ``.file_url``, ``.http_url`` (needs the basic-auth
-               credentials), ``.commit``, ``.branch`` and ``.update(files, message) -> sha``.
+               on ``files``), with ``.file_url``, ``.http_url`` (needs the git server's
+               credentials or token), ``.commit``, ``.branch`` and
+               ``.update(files, message) -> sha``.
 ``program_dir`` factory ``program_dir(name) -> Path``: a writable copy of a test program.
 ``pulumi_env`` ``PulumiEnv``: per-test PULUMI_HOME and ``file://`` backend, the offline
                environment of go-deps.md §1.4 (``.env`` dict, ``.backend_url``,
@@ -79,7 +88,7 @@ from pkobatch.dev import processes
 from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
-from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube
+from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
 from pkobatch.kube.logs import POD_LOG_DIR_ENV, DirectoryPodLogs
 
 PROGRAMS = Path(__file__).parent / "fixtures" / "programs"
@@ -216,7 +225,8 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         what=f"ServiceAccount {name}/default",
     )
     yield name
-    kube.delete(NAMESPACES, name)
+    with contextlib.suppress(NotFound):  # a test may delete it itself
+        kube.delete(NAMESPACES, name)
 
 
 # -- git ---------------------------------------------------------------------------------------
@@ -264,11 +274,24 @@ class _GitHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
+    def _authenticated_user(self) -> str | None:
+        scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme != "Basic":
+            return None
+        try:
+            username, _, password = base64.b64decode(encoded).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        server = self.server
+        if server.token is not None and secrets.compare_digest(password, server.token):
+            return username
+        if username == server.username and secrets.compare_digest(password, server.password):
+            return username
+        return None
+
     def _serve(self) -> None:
-        expected = base64.b64encode(
-            f"{self.server.username}:{self.server.password}".encode()
-        ).decode()
-        if self.headers.get("Authorization") != f"Basic {expected}":
+        user = self._authenticated_user()
+        if user is None:
             self.send_response(HTTPStatus.UNAUTHORIZED)
             self.send_header("WWW-Authenticate", 'Basic realm="pkobatch-tests"')
             self.send_header("Content-Length", "0")
@@ -286,7 +309,7 @@ class _GitHandler(BaseHTTPRequestHandler):
             "QUERY_STRING": query,
             "CONTENT_TYPE": self.headers.get("Content-Type", ""),
             "CONTENT_LENGTH": str(len(body)),
-            "REMOTE_USER": self.server.username,
+            "REMOTE_USER": user,
             "REMOTE_ADDR": self.client_address[0],
             "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
             "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""),
@@ -316,11 +339,12 @@ class _GitHandler(BaseHTTPRequestHandler):
 class _GitHttpServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, root: Path, username: str, password: str) -> None:
+    def __init__(self, root: Path, username: str, password: str, token: str | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _GitHandler)
         self.root = root
         self.username = username
         self.password = password
+        self.token = token
 
 
 @dataclass
@@ -328,6 +352,7 @@ class GitServer:
     root: Path
     username: str
     password: str
+    token: str
     port: int
 
     @property
@@ -343,10 +368,11 @@ def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitServer]:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     root = tmp_path_factory.mktemp("git")
-    server = _GitHttpServer(root, "pkobatch", secrets.token_urlsafe(12))
+    token = f"tok-{secrets.token_urlsafe(16)}"
+    server = _GitHttpServer(root, "pkobatch", secrets.token_urlsafe(12), token)
     thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
     thread.start()
-    yield GitServer(root, server.username, server.password, int(server.server_address[1]))
+    yield GitServer(root, server.username, server.password, token, int(server.server_address[1]))
     server.shutdown()
     server.server_close()
 
@@ -422,6 +448,12 @@ def git_repo(git_server: GitServer, tmp_path: Path) -> Callable[..., GitRepo]:
 @pytest.fixture(scope="session")
 def pulumi_bin() -> Path:
     return require_tools(("pulumi",)).bin_dir("pulumi")
+
+
+@pytest.fixture(scope="session")
+def all_tools() -> Tools:
+    """Every built component, for tests that start their own environment (``pkobatch dev``)."""
+    return require_tools(("etcd", "kubernetes", "pulumi"))
 
 
 @dataclass

@@ -23,10 +23,6 @@ state_option = click.option(
 )
 
 
-def _console() -> Console:
-    return Console(stderr=True)
-
-
 def _print_environment(status: dict[str, Any]) -> None:
     console = Console()
     table = Table.grid(padding=(0, 2))
@@ -107,17 +103,29 @@ def status_command(state_dir: Path | None, output: str) -> None:
 @dev_group.command("demo")
 @state_option
 @click.option("--timeout", type=float, default=900, show_default=True, help="seconds per step")
-@click.option("--keep/--no-keep", default=True, show_default=True, help="leave it running")
+@click.option("--keep", is_flag=True, help="leave the environment and the demo Stack running")
 def demo_command(state_dir: Path | None, timeout: float, keep: bool) -> None:
-    """Build what is missing, then up, refresh and destroy a real Pulumi program through
-    a Stack."""
+    """Run a real Pulumi program through a Stack, end to end: build what is missing, start
+    the control plane, node agent and controller, then up, refresh and destroy. Everything
+    the demo started is stopped at the end unless --keep is given. Exit status 0 when every
+    step worked."""
     root = resolve_state_dir(state_dir)
-    demo = Demo(root, _console(), timeout=timeout)
+    console = Console()
+    demo = Demo(root, console, timeout=timeout)
     try:
         demo.run()
     except (DemoFailed, DevError, ToolsMissing) as exc:
-        raise click.ClickException(f"demo stopped: {exc}") from exc
+        raise click.ClickException(f"demo failed: {exc}") from exc
     finally:
         if demo.started_environment and not keep:
             down(root)
+            console.print(f"stopped the dev environment in {root}")
+    if keep:
+        status = read_status(root)
+        click.echo(
+            "\nThe environment keeps running:\n"
+            f"  export KUBECONFIG={status.get('kubeconfig')}\n"
+            f"  export {POD_LOG_DIR_ENV}={status.get('podLogDir')}\n"
+            f"Stop it with: pkobatch dev down --state-dir {root}"
+        )
     click.echo("demo complete")

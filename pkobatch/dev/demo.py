@@ -1,11 +1,15 @@
 """``pkobatch dev demo``: the whole chain on the local environment, step by step.
 
-Build what is missing → start the environment → a git repository holding a real Python
-Pulumi program (the ``files`` test program: dynamic providers managing local files, one
-secret output) → RBAC, passphrase Secret and a Stack with a ``file://`` backend → wait for the
-controller's Job to bring it up → request a refresh, then a destroy, through the
+Build what is missing → start the environment (control plane, node agent, controller) → a
+git repository holding a real Python Pulumi program (the ``files`` test program: dynamic
+providers managing local files, one secret output) → RBAC, passphrase Secret and a Stack with
+a ``file://`` repository and backend → wait for the controller's Job to bring it up → change
+a file behind Pulumi's back and request a refresh, then a destroy, through the
 operation-request annotation. Each step is a function of ``Demo``; a step that cannot
-complete stops the demo and says which part of the chain is missing.
+complete stops the demo and says which part of the chain failed and where its logs are.
+
+A demo Stack left by an earlier ``--keep`` run in a still running environment is deleted
+first (its finalizer destroys what it created), so every run starts from nothing.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from pkobatch.api.constants import (
     CONDITION_READY,
     CONDITION_STALLED,
     OPERATION_REQUEST_ANNOTATION,
+    RESULT_KEY,
 )
 from pkobatch.dev import supervisor
 from pkobatch.dev.controlplane import repo_root
+from pkobatch.dev.processes import wait_until
 from pkobatch.dev.tools import missing_components, tools_script
-from pkobatch.kube.client import STACKS, Kube, resource_for
+from pkobatch.kube.client import CONFIGMAPS, NAMESPACES, STACKS, Kube, resource_for
 
 NAMESPACE: Final = "pkobatch-demo"
 STACK: Final = "demo"
@@ -82,6 +88,11 @@ class Demo:
     def __post_init__(self) -> None:
         self.work = self.root / "demo"
 
+    @property
+    def files_dir(self) -> Path:
+        """Where the program's resources (files) are created."""
+        return self.work / "files"
+
     # -- steps ----------------------------------------------------------------------------
 
     def build_tools(self) -> None:
@@ -98,12 +109,34 @@ class Demo:
 
     def start_environment(self) -> None:
         status = supervisor.read_status(self.root)
-        if status.get("state") != "running":
-            self.console.print("starting the dev environment …")
+        if status.get("state") == "running":
+            controller = status.get("controller") or {}
+            if controller.get("state") != "running":
+                raise DemoFailed(
+                    f"the dev environment in {self.root} runs without a controller "
+                    f"(controller: {controller.get('state', 'unknown')}); stop it with "
+                    f"`pkobatch dev down --state-dir {self.root}` or use another --state-dir"
+                )
+            self.console.print(f"using the dev environment already running in {self.root}")
+        else:
+            self.console.print(f"starting the dev environment in {self.root} …")
             status = supervisor.up(self.root)
             self.started_environment = True
         self.kube = Kube.connect(status["kubeconfig"])
-        self.console.print(f"[green]✓[/] control plane at {status['server']}")
+        self.console.print(f"[green]✓[/] control plane at {status['server']}, controller running")
+
+    def remove_previous_run(self) -> None:
+        """Delete the Stack and namespace an earlier ``--keep`` run left (the Stack's
+        finalizer destroys its files, with the old repository and backend still in place)."""
+        kube = self._kube()
+        if kube.get_or_none(NAMESPACES, NAMESPACE) is None:
+            return
+        self.console.print(f"deleting namespace {NAMESPACE} left by an earlier demo …")
+        if kube.get_or_none(STACKS, STACK, NAMESPACE) is not None:
+            kube.delete(STACKS, STACK, NAMESPACE)
+            self._wait_gone(STACKS, STACK, NAMESPACE)
+        kube.delete(NAMESPACES, NAMESPACE)
+        self._wait_gone(NAMESPACES, NAMESPACE, None)
 
     def create_repository(self) -> None:
         root = repo_root()
@@ -153,7 +186,10 @@ class Demo:
             resource = resource_for(obj["apiVersion"], obj["kind"])
             namespace = obj["metadata"].get("namespace") if resource.namespaced else None
             kube.apply(resource, obj, field_manager=FIELD_MANAGER, namespace=namespace)
-        self.console.print(f"[green]✓[/] applied Stack {NAMESPACE}/{STACK} and its RBAC")
+        self.console.print(
+            f"[green]✓[/] applied Stack {NAMESPACE}/{STACK}, its passphrase Secret and the "
+            "runner's RBAC"
+        )
 
     def _stack(self) -> JSON:
         (self.work / "backend").mkdir(parents=True, exist_ok=True)
@@ -168,7 +204,7 @@ class Demo:
                 "branch": "main",
                 "backend": (self.work / "backend").as_uri(),
                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": secret},
-                "config": {"directory": str(self.work / "files")},
+                "config": {"directory": str(self.files_dir)},
                 "secretsRef": {
                     "token": {
                         "type": "Secret",
@@ -183,35 +219,39 @@ class Demo:
         def done(stack: JSON) -> bool:
             status = stack.get("status") or {}
             last = status.get("lastUpdate") or {}
-            generation = stack["metadata"].get("generation")
             if _condition(stack, CONDITION_STALLED).get("status") == "True":
                 return True
-            return last.get("generation") == generation and last.get("state") in (
-                "succeeded",
-                "failed",
+            return (
+                last.get("type") == "up"
+                and last.get("generation") == stack["metadata"].get("generation")
+                and last.get("state") in ("succeeded", "failed")
             )
 
-        stack = self._watch("up", done)
+        stack = self._watch("the up", done)
         last = (stack.get("status") or {}).get("lastUpdate") or {}
-        if last.get("state") != "succeeded":
-            raise DemoFailed(
-                f"the up did not succeed: {last.get('message') or stack.get('status')}"
-            )
-        self._print_outputs(stack)
+        if last.get("type") != "up" or last.get("state") != "succeeded":
+            stalled = _condition(stack, CONDITION_STALLED)
+            why = last.get("message") or stalled.get("message") or "no message"
+            raise DemoFailed(f"the up did not succeed: {why}{self._where_to_look(last)}")
+        if _condition(stack, CONDITION_READY).get("status") != "True":
+            raise DemoFailed(f"the up succeeded but the Stack is not Ready: {stack.get('status')}")
+        self._print_stack(stack, "up")
 
     def refresh(self) -> None:
-        changed = self.work / "files" / "file-0.txt"
-        if changed.is_file():
-            changed.write_text("changed behind Pulumi's back")
-            self.console.print(f"changed {changed} behind Pulumi's back; refreshing …")
+        changed = self.files_dir / "file-0.txt"
+        if not changed.is_file():
+            raise DemoFailed(f"the up reported success but did not create {changed}")
+        changed.write_text("changed behind Pulumi's back")
+        self.console.print(f"changed {changed} behind Pulumi's back; requesting a refresh …")
         self._request("refresh")
 
     def destroy(self) -> None:
+        self.console.print("requesting a destroy …")
         self._request("destroy")
-        files = sorted(p.name for p in (self.work / "files").glob("*"))
+        files = sorted(p.name for p in self.files_dir.glob("*"))
         if files:
-            raise DemoFailed(f"destroy left files behind: {files}")
-        self.console.print("[green]✓[/] the managed files are gone")
+            raise DemoFailed(f"the destroy left files behind in {self.files_dir}: {files}")
+        self.console.print(f"[green]✓[/] the managed files are gone from {self.files_dir}")
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -219,6 +259,23 @@ class Demo:
         if self.kube is None:
             raise DemoFailed("the environment is not running")
         return self.kube
+
+    def _wait_gone(self, resource: Any, name: str, namespace: str | None) -> None:
+        kube = self._kube()
+        try:
+            wait_until(
+                lambda: kube.get_or_none(resource, name, namespace) is None,
+                timeout=self.timeout,
+                what=f"{resource.kind} {name} to be deleted",
+            )
+        except TimeoutError as exc:
+            raise DemoFailed(f"{exc}; see {self.root / 'controller.log'}") from exc
+
+    def _where_to_look(self, run: JSON) -> str:
+        logs = self.root / "logs" / NAMESPACE
+        job = run.get("name") or run.get("jobName")
+        pod_logs = f"{logs}/{job}-*.log" if job else str(logs)
+        return f"\n  run logs: {pod_logs}\n  controller log: {self.root / 'controller.log'}"
 
     def _request(self, operation: str) -> None:
         token = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -238,11 +295,20 @@ class Demo:
                 "Rejected",
             )
 
-        stack = self._watch(operation, done)
+        stack = self._watch(f"the {operation}", done)
         request = stack["status"]["operationRequest"]
         if request["state"] != "Succeeded":
-            raise DemoFailed(f"{operation} {request['state']}: {request.get('message', '')}")
-        self._print_outputs(stack)
+            raise DemoFailed(
+                f"the {operation} {request['state'].lower()}: {request.get('message', '')}"
+                f"{self._where_to_look(request)}"
+            )
+        self._print_stack(stack, operation, self._result(request.get("jobName", "")))
+
+    def _result(self, job_name: str) -> JSON:
+        """The run's result (``RunResult``) from its ConfigMap; empty if it is gone."""
+        config_map = self._kube().get_or_none(CONFIGMAPS, job_name, NAMESPACE) if job_name else None
+        raw = ((config_map or {}).get("data") or {}).get(RESULT_KEY)
+        return dict(json.loads(raw)) if raw else {}
 
     def _watch(self, what: str, done: Callable[[JSON], bool]) -> JSON:
         kube = self._kube()
@@ -255,6 +321,11 @@ class Demo:
                 if done(stack):
                     self.console.print(f"[green]✓[/] {what} finished")
                     return stack
+                if environment.get("state") != "running":
+                    raise DemoFailed(
+                        f"the dev environment stopped ({environment.get('state')}); see "
+                        f"{self.root / 'supervisor.log'}"
+                    )
                 controller = environment.get("controller") or {}
                 if controller.get("state") == "exited":
                     raise DemoFailed(
@@ -262,7 +333,11 @@ class Demo:
                         f"see {controller.get('log')}"
                     )
                 if time.monotonic() > deadline:
-                    raise DemoFailed(f"{what} did not finish within {self.timeout:.0f}s")
+                    current = (stack.get("status") or {}).get("currentUpdate") or {}
+                    raise DemoFailed(
+                        f"{what} did not finish within {self.timeout:.0f}s"
+                        f"{self._where_to_look(current)}"
+                    )
                 time.sleep(0.5)
 
     @staticmethod
@@ -282,16 +357,45 @@ class Demo:
         table.add_row("running pods", ", ".join(environment.get("runningPods") or []) or "-")
         return Group(table)
 
-    def _print_outputs(self, stack: JSON) -> None:
+    def _print_stack(self, stack: JSON, operation: str, result: JSON | None = None) -> None:
         status = stack.get("status") or {}
-        self.console.print_json(
-            json.dumps({"lastUpdate": status.get("lastUpdate"), "outputs": status.get("outputs")})
+        last = status.get("lastUpdate") or {}
+        summary = Table(title=f"Stack {NAMESPACE}/{STACK} after the {operation}", show_header=False)
+        summary.add_column(style="bold")
+        summary.add_column()
+        for kind in (CONDITION_READY, CONDITION_STALLED):
+            condition = _condition(stack, kind)
+            if condition:
+                summary.add_row(kind, f"{condition.get('status')} ({condition.get('reason', '')})")
+        summary.add_row(
+            "last update",
+            f"{last.get('type', '-')} {last.get('state', '-')} (Job {last.get('name', '-')})",
         )
+        summary.add_row("commit", str(last.get("lastSuccessfulCommit") or "-")[:12])
+        if result:
+            changes = ", ".join(
+                f"{k} {v}" for k, v in sorted((result.get("changes") or {}).items())
+            )
+            summary.add_row(f"{operation} result", f"{result.get('reason')}: {changes or 'none'}")
+            if result.get("driftedResources") is not None:
+                summary.add_row("drifted resources", str(result["driftedResources"]))
+        self.console.print(summary)
+        outputs = status.get("outputs") or {}
+        table = Table(title="outputs (status.outputs)")
+        table.add_column("name", style="bold")
+        table.add_column("value")
+        for name, value in sorted(outputs.items()):
+            # Text, not markup: the secret output's value is the literal "[secret]".
+            table.add_row(name, Text(value if isinstance(value, str) else json.dumps(value)))
+        if not outputs:
+            table.add_row("-", "(none)")
+        self.console.print(table)
 
     def run(self) -> None:
         steps = (
             self.build_tools,
             self.start_environment,
+            self.remove_previous_run,
             self.create_repository,
             self.apply_objects,
             self.wait_for_up,

@@ -1,8 +1,17 @@
 """A stand-in for the kubelet, and nothing more, for the local control plane (DESIGN §5).
 
-It watches unscheduled pods (``spec.nodeName`` empty) — there is no scheduler — and runs each
-pod's containers as local processes: init containers one after another, then the single
-main container. The real Job controller, garbage collector and TTL controller do the rest.
+It watches unscheduled pods (``spec.nodeName`` empty) — there is no scheduler — binds each
+one it is about to run to its node name (``pods/binding``; no Node object is needed) and runs
+the pod's containers as local processes: init containers one after another, then the single
+main container. Pods created already bound to its node name run too. The real Job
+controller, garbage collector and TTL controller do the rest.
+
+Binding is what makes deletion behave as on a real node. The API server deletes an unbound
+pod at once (and with it the pod-bound ServiceAccount token), but gives a bound pod a
+``deletionTimestamp`` of now + grace period and keeps it until its kubelet confirms with a
+delete of grace 0. So a process that gets SIGTERM (Job deletion, ``activeDeadlineSeconds``,
+namespace deletion) can still use its token — e.g. the runner writes its ``Cancelled``
+result — and the Job controller sees the pod as terminating until it has really ended.
 
 What it does like a kubelet:
 
@@ -15,14 +24,19 @@ What it does like a kubelet:
   Succeeded/Failed with the exit code, reason ``Completed``/``Error`` and, for
   ``terminationMessagePolicy: FallbackToLogsOnError``, the last lines of output as message;
 - a pod that gets a deletionTimestamp (Job deadline, Job deletion, the GC) has its process
-  group sent SIGTERM, then SIGKILL after ``terminationGracePeriodSeconds``, and is reported
-  Failed so the Job controller can account for it and drop its tracking finalizer;
+  group sent SIGTERM, then SIGKILL after the deletion's grace period; it is reported Failed
+  (so the Job controller can account for it and drop its tracking finalizer) and then
+  deleted with grace 0, which removes the object;
+- ``stop()`` is a graceful node shutdown: processes get SIGTERM (at most ``shutdown_grace``
+  seconds), their pods are reported Failed with a ``DisruptionTarget`` condition (reason
+  ``TerminationByKubelet``) and pods being deleted are released, so nothing waits for a
+  node that is gone (namespaces can terminate). A pod of the node that an earlier agent
+  started (``status.startTime``) and left unfinished is reported and released the same way;
 - at most ``max_running`` pods run at once; the others wait in Pending, first come first
   served;
 - output goes to ``<state>/logs/<namespace>/<pod>.log`` (``pods/log`` needs a kubelet).
 
-Pods are never bound to a node: an unbound pod is deleted at once by the API server, a bound
-one would wait forever for a kubelet to confirm (go-deps.md §4.4).
+Pods waiting for a slot stay unbound, like pods no scheduler has placed yet.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +59,16 @@ from typing import Any, Final
 from pkobatch.dev import processes
 from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
 from pkobatch.dev.podenv import CreateContainerConfigError, expand, resolve_env
-from pkobatch.kube.client import PODS, Conflict, Gone, Kube, KubeError, NotFound, Unreachable
+from pkobatch.kube.client import (
+    PODS,
+    Conflict,
+    Gone,
+    Invalid,
+    Kube,
+    KubeError,
+    NotFound,
+    Unreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +79,9 @@ _MESSAGE_LINES: Final = 80
 _MESSAGE_BYTES: Final = 2048
 _RETRY_CONFIG_SECONDS: Final = 2.0
 _TERMINAL: Final = ("Succeeded", "Failed")
+DEFAULT_NODE_NAME: Final = "pkobatch-dev"
+# What the kubelet's graceful node shutdown writes on the pods it kills.
+_SHUTDOWN_MESSAGE: Final = "The node agent stopped; the pod's processes were stopped."
 
 
 def _now() -> str:
@@ -122,18 +149,27 @@ class _PodWorker:
         self.name: str = meta["name"]
         self.uid: str = meta["uid"]
         self.deleted = threading.Event()  # the pod got a deletionTimestamp or is gone
-        self.shutdown = threading.Event()  # the agent stops: kill, report nothing
+        self.shutdown = threading.Event()  # the agent stops (a node shutdown)
         self.cancelled = threading.Event()  # either of the two
         self.process: subprocess.Popen[bytes] | None = None
         self.thread = threading.Thread(
             target=self._run, name=f"pod-{self.namespace}/{self.name}", daemon=True
         )
         spec = pod.get("spec") or {}
+        # The pod is this node's: bound by this agent, an earlier one or its creator.
+        self.bound = spec.get("nodeName") == agent.node_name
+        self.done = False  # the thread has ended or will never run (under the agent's lock)
+        self.released = False
         self.grace = float(spec.get("terminationGracePeriodSeconds", 30))
         self.pod_dir = agent.state_dir / "pods" / self.namespace / self.name
         self.log_path = agent.state_dir / "logs" / self.namespace / f"{self.name}.log"
 
-    def delete(self) -> None:
+    def delete(self, pod: JSON | None = None) -> None:
+        """The pod got a deletionTimestamp (``pod``) or is gone (None)."""
+        grace = ((pod or {}).get("metadata") or {}).get("deletionGracePeriodSeconds")
+        if grace is not None:
+            # A delete may shorten the spec's grace period (``--grace-period``), as with a kubelet.
+            self.grace = min(self.grace, float(grace))
         self.deleted.set()
         self.cancelled.set()
 
@@ -146,6 +182,7 @@ class _PodWorker:
     def forget(self) -> None:
         """The pod object is gone: its scratch directories go too (the log stays)."""
         self.delete()
+        self.released = True
         if not self.thread.is_alive():
             shutil.rmtree(self.pod_dir, ignore_errors=True)
 
@@ -157,14 +194,79 @@ class _PodWorker:
             with contextlib.suppress(KubeError):
                 self._report_terminal(None, 1, "node agent error; see its log", started=None)
         finally:
+            with self.agent.lock:
+                self.done = True
+            # A deletion seen after this check is released by the watch (NodeAgent._handle).
+            if self.deleted.is_set() or (self.shutdown.is_set() and self._being_deleted()):
+                self.release()
             if self.deleted.is_set() and not self.shutdown.is_set():
                 shutil.rmtree(self.pod_dir, ignore_errors=True)
+
+    def release(self) -> None:
+        """Confirm the deletion of a pod bound to this node whose processes have ended (the
+        kubelet's final delete, grace 0): only then does the API server remove it."""
+        if not self.bound or self.released:
+            return
+        self.released = True
+        try:
+            self.agent.kube.delete(
+                PODS, self.name, self.namespace, uid=self.uid, grace_period_seconds=0
+            )
+        except (NotFound, Conflict):
+            pass  # gone, or a new pod of the same name (the uid precondition failed)
+        except KubeError as exc:
+            self.released = False
+            log.warning("node agent: deleting %s/%s: %s", self.namespace, self.name, exc)
+
+    def recover(self, phase: str) -> None:
+        """A pod of this node that an earlier agent started (``status.startTime``): its
+        processes ended with that agent, as on a node that went away."""
+        if phase not in _TERMINAL:
+            self.shutdown.set()  # reported like a node shutdown: DisruptionTarget
+            self._report_terminal(
+                None, 137, "the node agent restarted while the pod ran", started=None
+            )
+        if self.deleted.is_set():
+            self.release()
+
+    def _being_deleted(self) -> bool:
+        if not self.bound:
+            return False
+        try:
+            pod = self.agent.kube.get(PODS, self.name, self.namespace)
+        except KubeError:
+            return False
+        meta = pod["metadata"]
+        return meta.get("uid") == self.uid and bool(meta.get("deletionTimestamp"))
+
+    def _bind(self) -> bool:
+        """Bind the pod to this node before it runs; False when it is being deleted or gone."""
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": self.name, "uid": self.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.agent.node_name},
+        }
+        try:
+            self.agent.kube.request(
+                "POST", PODS.path(self.namespace, self.name, "binding"), body=binding
+            )
+        except (NotFound, Conflict) as exc:
+            log.debug("node agent: not binding %s/%s: %s", self.namespace, self.name, exc)
+            return False
+        self.bound = True
+        self.pod["spec"]["nodeName"] = self.agent.node_name
+        return True
 
     def _run_pod(self) -> None:
         if not self.agent.slots.acquire(self.uid, self.cancelled):
             self._report_never_started()
             return
         try:
+            if self.cancelled.is_set() or not (self.bound or self._bind()):
+                self._report_never_started()
+                return
+            self._report_accepted()
             self._prepare_dirs()
             for container in self.pod["spec"].get("initContainers") or []:
                 started = _now()
@@ -271,32 +373,38 @@ class _PodWorker:
             return 128
         if main:
             self._report_running(container, started)
-        process = self.process
-        while process.poll() is None and not self.cancelled.is_set():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=0.2)
-        if process.poll() is None:
-            grace = (
-                min(self.grace, self.agent.shutdown_grace) if self.shutdown.is_set() else self.grace
-            )
-            returncode = processes.stop(process, grace=grace)
-        else:
-            returncode = process.returncode
-            # Grandchildren the container left behind die with it, as in a container.
-            processes.signal_group(process, signal.SIGKILL)
-            processes.forget(process)
-        code = _exit_code(returncode)
+        code = _exit_code(self._wait(self.process))
         if main:
             policy = container.get("terminationMessagePolicy", "File")
             message = log_tail(self.log_path) if policy == "FallbackToLogsOnError" and code else ""
             self._report_terminal(container, code, message, started=started)
         return code
 
+    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        """Wait for the process to end; once the pod is deleted (or the agent stops) SIGTERM
+        its group and SIGKILL it after the grace period, which a later, shorter deletion or
+        the agent's stop can cut short. The return code."""
+        terminated_at: float | None = None
+        while process.poll() is None:
+            if self.cancelled.is_set():
+                if terminated_at is None:
+                    processes.signal_group(process, signal.SIGTERM)
+                    terminated_at = time.monotonic()
+                grace = self.grace
+                if self.shutdown.is_set():
+                    grace = min(grace, self.agent.shutdown_grace)
+                if time.monotonic() - terminated_at >= grace:
+                    break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.2)
+        # SIGKILL what is left, grandchildren included, as when a container ends.
+        return processes.stop(process, grace=0)
+
     # -- status ---------------------------------------------------------------------------
 
     def _patch_status(self, status: JSON) -> None:
-        if self.shutdown.is_set():
-            return
+        if self.shutdown.is_set() and not self.bound:
+            return  # not this node's pod yet: another agent may still run it
         body = {"metadata": {"uid": self.uid}, "status": status}
         try:
             self.agent.kube.request(
@@ -305,7 +413,7 @@ class _PodWorker:
                 body=body,
                 content_type=STRATEGIC_MERGE_PATCH,
             )
-        except (NotFound, Conflict) as exc:
+        except (NotFound, Conflict, Invalid) as exc:
             # Gone, or replaced by a pod of the same name (the uid precondition failed).
             log.debug("node agent: pod %s/%s is gone: %s", self.namespace, self.name, exc)
         except KubeError as exc:
@@ -339,6 +447,42 @@ class _PodWorker:
                 condition["reason"] = reason
             conditions.append(condition)
         return conditions
+
+    def _terminal_status(self, phase: str, statuses_key: str, statuses: list[JSON]) -> JSON:
+        status: JSON = {
+            "phase": phase,
+            "conditions": self._conditions(
+                False, "PodCompleted" if phase == "Succeeded" else "PodFailed"
+            ),
+            statuses_key: statuses,
+        }
+        if self.shutdown.is_set() and phase == "Failed":
+            # As the kubelet's graceful node shutdown: the run was interrupted, not wrong.
+            status["reason"] = "Terminated"
+            status["message"] = _SHUTDOWN_MESSAGE
+            status["conditions"].append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": _SHUTDOWN_MESSAGE,
+                    "lastTransitionTime": _now(),
+                }
+            )
+        return status
+
+    def _report_accepted(self) -> None:
+        """The pod is this node's now; ``startTime`` tells a later agent it was taken."""
+        self.pod.setdefault("status", {})["startTime"] = _now()
+        self._patch_status(
+            {
+                "startTime": self.pod["status"]["startTime"],
+                "hostIP": "127.0.0.1",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
+                ],
+            }
+        )
 
     def _report_waiting(self, container: JSON, reason: str, message: str) -> None:
         state = {"waiting": {"reason": reason, "message": message}}
@@ -382,18 +526,12 @@ class _PodWorker:
             terminated["message"] = message
         phase = "Succeeded" if code == 0 else "Failed"
         statuses = [self._container_status(container, {"terminated": terminated}, ready=False)]
-        status: JSON = {
-            "phase": phase,
-            "conditions": self._conditions(False, "PodCompleted" if code == 0 else "PodFailed"),
-            "initContainerStatuses" if init else "containerStatuses": statuses,
-        }
-        self._patch_status(status)
+        key = "initContainerStatuses" if init else "containerStatuses"
+        self._patch_status(self._terminal_status(phase, key, statuses))
 
     def _report_never_started(self) -> None:
         """A pod deleted before its container ran still needs a terminal phase, which the
         Job controller waits for before it releases the pod (as with a kubelet)."""
-        if self.shutdown.is_set():
-            return
         container = self.pod["spec"]["containers"][0]
         terminated = {
             "exitCode": 137,
@@ -401,23 +539,17 @@ class _PodWorker:
             "message": "The container could not be located when the pod was deleted.",
             "finishedAt": _now(),
         }
-        self._patch_status(
-            {
-                "phase": "Failed",
-                "conditions": self._conditions(False, "PodFailed"),
-                "containerStatuses": [
-                    self._container_status(container, {"terminated": terminated}, ready=False)
-                ],
-            }
-        )
+        statuses = [self._container_status(container, {"terminated": terminated}, ready=False)]
+        self._patch_status(self._terminal_status("Failed", "containerStatuses", statuses))
 
 
 class NodeAgent:
     """Runs the cluster's unscheduled pods as local processes (see the module docstring).
 
-    ``start()`` launches the watch thread; ``stop()`` kills every running process (with at
-    most ``shutdown_grace`` seconds of grace) without reporting anything, as a node that
-    goes away would.
+    ``start()`` launches the watch thread; ``stop()`` is a graceful node shutdown: every
+    process gets at most ``shutdown_grace`` seconds, its pod is reported Failed with a
+    ``DisruptionTarget`` condition and, when being deleted, released. Pods are bound to
+    ``node_name`` (no Node object exists).
     """
 
     def __init__(
@@ -430,8 +562,10 @@ class NodeAgent:
         path_prefix: list[str] | None = None,
         max_running: int = 4,
         shutdown_grace: float = 5.0,
+        node_name: str = DEFAULT_NODE_NAME,
     ) -> None:
         self.kube = kube
+        self.node_name = node_name
         self.server = server
         self.ca_pem = ca_pem
         self.state_dir = state_dir.resolve()
@@ -439,7 +573,7 @@ class NodeAgent:
         self.slots = _Slots(max_running)
         self.shutdown_grace = shutdown_grace
         self._workers: dict[str, _PodWorker] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._stopping = threading.Event()
         self._stream: Any = None
         self._thread = threading.Thread(target=self._watch_loop, name="node-agent", daemon=True)
@@ -473,7 +607,7 @@ class NodeAgent:
         stream = self._stream
         if stream is not None:
             stream.stop()
-        with self._lock:
+        with self.lock:
             workers = list(self._workers.values())
         for worker in workers:
             worker.stop()
@@ -484,7 +618,7 @@ class NodeAgent:
 
     def running(self) -> list[str]:
         """``namespace/name`` of the pods whose process runs now."""
-        with self._lock:
+        with self.lock:
             return sorted(
                 f"{w.namespace}/{w.name}"
                 for w in self._workers.values()
@@ -497,17 +631,14 @@ class NodeAgent:
         resource_version = ""
         while not self._stopping.is_set():
             try:
+                # All pods: the unscheduled ones and this node's (a field selector cannot
+                # say "either"); the others are ignored.
                 if not resource_version:
-                    pods, resource_version = self.kube.list_objects(
-                        PODS, field_selector="spec.nodeName="
-                    )
+                    pods, resource_version = self.kube.list_objects(PODS)
                     self._sync(pods)
                     self._synced.set()
                 self._stream = self.kube.watch(
-                    PODS,
-                    field_selector="spec.nodeName=",
-                    resource_version=resource_version,
-                    timeout_seconds=300,
+                    PODS, resource_version=resource_version, timeout_seconds=300
                 )
                 for event in self._stream:
                     if self._stopping.is_set():
@@ -527,7 +658,7 @@ class NodeAgent:
 
     def _sync(self, pods: list[JSON]) -> None:
         present = {p["metadata"]["uid"] for p in pods}
-        with self._lock:
+        with self.lock:
             gone = [w for uid, w in self._workers.items() if uid not in present]
         for worker in gone:
             self._handle("DELETED", worker.pod)
@@ -538,28 +669,40 @@ class NodeAgent:
         meta = pod["metadata"]
         uid = meta["uid"]
         phase = (pod.get("status") or {}).get("phase", "Pending")
-        with self._lock:
+        deleting = bool(meta.get("deletionTimestamp"))
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if node not in ("", None, self.node_name):
+            return
+        if not node and spec.get("schedulingGates"):
+            return  # not ready to be scheduled (gates are only ever removed)
+        with self.lock:
             worker = self._workers.get(uid)
             if event_type == "DELETED":
                 self._workers.pop(uid, None)
                 if worker is not None:
                     worker.forget()
                 return
-            if worker is not None:
-                if meta.get("deletionTimestamp"):
-                    worker.delete()
-                return
-            worker = _PodWorker(self, pod)
-            self._workers[uid] = worker
-        if phase in _TERMINAL:
+            if worker is None:
+                worker = _PodWorker(self, pod)
+                self._workers[uid] = worker
+                new = True
+            else:
+                new = False
+        if deleting:
+            worker.delete(pod)
+        if not new:
+            with self.lock:
+                done = worker.done
+            if deleting and done:
+                worker.release()  # deleted after its worker ended (released at most once)
             return
-        if meta.get("deletionTimestamp"):
-            worker.delete()
-        elif phase == "Running":
-            # Started by an earlier agent whose process is gone.
-            worker.delete()
-            worker._report_terminal(
-                None, 137, "the node agent restarted while the pod ran", started=None
-            )
+        taken = bool((pod.get("status") or {}).get("startTime"))
+        if phase in _TERMINAL or (worker.bound and taken):
+            with self.lock:
+                worker.done = True
+            if worker.bound:
+                worker.recover(phase)
             return
+        # Unscheduled, or bound to this node by its creator and not yet started.
         worker.thread.start()

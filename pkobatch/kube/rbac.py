@@ -75,5 +75,4 @@ RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("", "configmaps", "create"),
     ("", "configmaps", "get"),
     ("", "configmaps", "update"),
-    ("", "configmaps", "patch"),
 )

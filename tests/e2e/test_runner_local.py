@@ -7,12 +7,10 @@ its stdout is the RunResult JSON and its stderr the run's log.
 
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,44 +126,25 @@ def test_up_over_http_basic_auth_then_no_changes(
     assert (code, again.changes) == (0, {"same": 3})
 
 
-@pytest.fixture
-def token_git_server(git_server: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The same repositories, behind a second server of the shared fixture's kind that
-    accepts a token: HTTP basic auth with user "git" (how the runner sends an accessToken)."""
-    root_conftest = next(
-        plugin
-        for plugin in request.config.pluginmanager.get_plugins()
-        if getattr(plugin, "__file__", None) == str(Path(__file__).parents[1] / "conftest.py")
-    )
-    token = base64.urlsafe_b64encode(b"e2e-token-" + str(time.time()).encode()).decode()
-    server = root_conftest._GitHttpServer(git_server.root, "git", token)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root_conftest.GitServer(git_server.root, "git", token, int(server.server_address[1]))
-    server.shutdown()
-    server.server_close()
-
-
 def test_up_over_http_with_a_token(
-    runs: Runs, git_repo: Callable[..., Any], token_git_server: Any
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
 ) -> None:
     repo = git_repo()
-    url = f"{token_git_server.url}/{repo.bare.name}"
     manifest = runs.manifest(
-        url,
+        repo.http_url,
         gitAuth={"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
         config={"files": "1"},
     )
 
-    result, log, code = runs.run(manifest, "--secret", f"git/token={token_git_server.password}")
+    result, log, code = runs.run(manifest, "--secret", f"git/token={git_server.token}")
 
     assert (code, result.reason) == (0, "Succeeded"), result.message
     assert result.commit == repo.commit
-    assert token_git_server.password not in log
+    assert git_server.token not in log
 
 
 def test_a_wrong_password_or_token_is_source_unavailable_and_never_shown(
-    runs: Runs, git_repo: Callable[..., Any], git_server: Any, token_git_server: Any
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
 ) -> None:
     repo = git_repo()
     wrong = "wrong-password-5ec7e7"
@@ -178,13 +157,13 @@ def test_a_wrong_password_or_token_is_source_unavailable_and_never_shown(
 
     wrong_token = "wrong-token-0badc0de"
     token = runs.manifest(
-        f"{token_git_server.url}/{repo.bare.name}",
+        repo.http_url,
         gitAuth={"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
     )
     result, log, code = runs.run(token, "--secret", f"git/token={wrong_token}")
     assert (code, result.reason) == (1, "SourceUnavailable")
     for text in (result.to_json(), log):
-        assert wrong_token not in text and token_git_server.password not in text
+        assert wrong_token not in text and git_server.token not in text
 
 
 def test_a_syntax_error_is_a_program_error_quoting_python(

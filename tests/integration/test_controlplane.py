@@ -100,6 +100,32 @@ def test_git_server_serves_with_basic_auth(git_repo: Any, git_server: Any, tmp_p
     assert new_commit != head.stdout.strip()
 
 
+@pytest.mark.parametrize("user", ["git", "anyone", "pkobatch"])
+def test_git_server_accepts_its_token_as_any_users_password(
+    git_repo: Any, git_server: Any, tmp_path: Path, user: str
+) -> None:
+    repo = git_repo()
+    host = git_server.url.removeprefix("http://")
+    env = {"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"}
+
+    def clone(password: str, target: str) -> subprocess.CompletedProcess[str]:
+        url = f"http://{user}:{password}@{host}/{repo.bare.name}"
+        return subprocess.run(
+            ["git", "clone", "-q", url, str(tmp_path / target)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+
+    cloned = clone(git_server.token, "c")
+    assert cloned.returncode == 0, cloned.stderr
+    assert (tmp_path / "c" / "Pulumi.yaml").is_file()
+    assert clone(git_server.token + "x", "d").returncode != 0
+    # The password of user "pkobatch" is no token.
+    if user != git_server.username:
+        assert clone(git_server.password, "e").returncode != 0
+
+
 def test_file_url_clone(git_repo: Any, tmp_path: Path) -> None:
     repo = git_repo("syntax-error")
 

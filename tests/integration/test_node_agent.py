@@ -12,8 +12,18 @@ from typing import Any
 
 import pytest
 
+from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import CONFIGMAPS, JOBS, PODS, ROLEBINDINGS, ROLES, SECRETS, Kube
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    NAMESPACES,
+    PODS,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    Kube,
+)
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
@@ -420,3 +430,249 @@ def test_pod_logs_follow_until_the_pod_ends(
 
     assert lines == [f"tick {i}\n" for i in range(5)]
     assert kube.get(PODS, pod, namespace)["status"]["phase"] == "Succeeded"
+
+
+# On SIGTERM: wait a little, then use the pod's own token to read the pod and write a
+# ConfigMap saying what it saw — what the runner does to write its `Cancelled` result.
+WRITES_ON_SIGTERM = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pkobatch.kube.client import CONFIGMAPS, PODS, Kube
+
+    def on_sigterm(signum, frame):
+        time.sleep(2)
+        kube = Kube.connect()
+        namespace, name = os.environ["POD_NAMESPACE"], os.environ["HOSTNAME"]
+        meta = kube.get(PODS, name, namespace)["metadata"]
+        data = {
+            "pod": name,
+            "deletionTimestamp": meta.get("deletionTimestamp") or "",
+            "deletionGracePeriodSeconds": str(meta.get("deletionGracePeriodSeconds")),
+        }
+        body = {"metadata": {"name": "cancelled-" + os.environ["JOB_NAME"]}, "data": data}
+        kube.create(CONFIGMAPS, body, namespace)
+        print("result written", flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    open(os.environ["READY_FILE"], "w").write(str(os.getpid()))
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def grant(kube: Kube, namespace: str, rules: list[JSON]) -> None:
+    """Grant ServiceAccount pkobatch-runner ``rules`` in ``namespace``."""
+    kube.create(
+        ROLES,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "runner"},
+            "rules": rules,
+        },
+        namespace,
+    )
+    kube.create(
+        ROLEBINDINGS,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "runner"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "runner"},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "pkobatch-runner", "namespace": namespace}
+            ],
+        },
+        namespace,
+    )
+
+
+@pytest.mark.parametrize("ending", ["job deleted", "deadline passed"])
+def test_a_terminated_pod_keeps_its_token_through_the_grace_period(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    cluster: Any,
+    python_job: Any,
+    wait_job: Any,
+    job_pods: Any,
+    ending: str,
+) -> None:
+    grant(
+        kube,
+        namespace,
+        [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        ],
+    )
+    ready = tmp_path / "ready"
+    env = [
+        {"name": "READY_FILE", "value": str(ready)},
+        {"name": "JOB_NAME", "value": "cancel-me"},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    spec: JSON = {"activeDeadlineSeconds": 8} if ending == "deadline passed" else {}
+    manifest = python_job(
+        "cancel-me", WRITES_ON_SIGTERM, env=env, service_account="pkobatch-runner", grace=30, **spec
+    )
+    kube.create(JOBS, manifest, namespace)
+    wait_until(lambda: len(read_pids(ready)) == 1, timeout=60, what="the pod to start")
+    (pid,) = read_pids(ready)
+    (pod,) = job_pods(namespace, "cancel-me")
+    pod_name = pod["metadata"]["name"]
+
+    if ending == "job deleted":
+        # As the controller cancels a run: the Job stays until its pods are gone.
+        kube.delete(JOBS, "cancel-me", namespace, propagation="Foreground")
+    else:
+        kind, reason, _ = wait_job(namespace, "cancel-me")
+        assert (kind, reason) == ("Failed", "DeadlineExceeded")
+
+    wait_until(
+        lambda: kube.get_or_none(CONFIGMAPS, "cancelled-cancel-me", namespace) is not None,
+        timeout=60,
+        what="the ConfigMap written on SIGTERM",
+    )
+    written = kube.get(CONFIGMAPS, "cancelled-cancel-me", namespace)["data"]
+    # The pod object was still there, terminating with its grace period, as on a real node.
+    assert written["pod"] == pod_name
+    assert written["deletionTimestamp"]
+    assert written["deletionGracePeriodSeconds"] == "30"
+    wait_until(lambda: not alive(pid), timeout=60, what="the process to end")
+    wait_until(
+        lambda: kube.get_or_none(PODS, pod_name, namespace) is None,
+        timeout=60,
+        what="the pod to be removed once its process ended",
+    )
+    if ending == "job deleted":
+        wait_until(
+            lambda: kube.get_or_none(JOBS, "cancel-me", namespace) is None,
+            timeout=60,
+            what="the Job's foreground deletion to finish",
+        )
+    assert "result written" in cluster.pod_logs.read(namespace, pod_name)
+
+
+def bare_pod(name: str, code: str, node_name: str, *, grace: int = 30) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node_name,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": grace,
+            "containers": [
+                {"name": "main", "image": "python:3.11", "command": [sys.executable, "-c", code]}
+            ],
+        },
+    }
+
+
+def pod_condition(pod: JSON, kind: str) -> JSON:
+    for condition in pod["status"].get("conditions") or []:
+        if condition["type"] == kind:
+            return dict(condition)
+    return {}
+
+
+def test_stopping_the_agent_ends_its_pods_and_lets_the_namespace_go(
+    kube: Kube, namespace: str, tmp_path: Path, cluster: Any
+) -> None:
+
+    node = f"stop-test-{os.getpid()}"
+    agent = NodeAgent(
+        kube,
+        server=cluster.server,
+        ca_pem=cluster.control_plane.ca_file.read_bytes(),
+        state_dir=tmp_path / "agent",
+        node_name=node,
+        shutdown_grace=2,
+    )
+    agent.start()
+    stubborn = textwrap.dedent(
+        """
+        import os, signal, time
+        signal.signal(signal.SIGTERM, lambda *a: print("got SIGTERM", flush=True))
+        open(os.environ["HOSTNAME"] + ".pid", "w").write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        """
+    )
+    try:
+        for name in ("running", "deleting"):
+            pod = bare_pod(name, stubborn, node, grace=600)
+            pod["spec"]["containers"][0]["workingDir"] = str(tmp_path)
+            kube.create(PODS, pod, namespace)
+        pid_files = [tmp_path / "running.pid", tmp_path / "deleting.pid"]
+        wait_until(
+            lambda: all(len(read_pids(p)) == 1 for p in pid_files), timeout=60, what="both pods"
+        )
+        pids = [pid for p in pid_files for pid in read_pids(p)]
+        kube.delete(PODS, "deleting", namespace)
+        log = agent.log_dir / namespace / "deleting.log"
+        wait_until(
+            lambda: log.exists() and "got SIGTERM" in log.read_text(),
+            timeout=30,
+            what="SIGTERM",
+        )
+        # Bound to the node: the pod stays, terminating, while its process runs.
+        assert kube.get(PODS, "deleting", namespace)["metadata"]["deletionTimestamp"]
+    finally:
+        agent.stop()
+
+    assert not any(alive(pid) for pid in pids)
+    running = kube.get(PODS, "running", namespace)
+    assert running["status"]["phase"] == "Failed"
+    disruption = pod_condition(running, "DisruptionTarget")
+    assert (disruption["status"], disruption["reason"]) == ("True", "TerminationByKubelet")
+    assert kube.get_or_none(PODS, "deleting", namespace) is None
+
+    kube.delete(NAMESPACES, namespace)
+    wait_until(
+        lambda: kube.get_or_none(NAMESPACES, namespace) is None,
+        timeout=120,
+        what="the namespace to be deleted",
+    )
+
+
+def test_a_pod_left_running_by_an_earlier_agent_is_reported_and_released(
+    kube: Kube, namespace: str, tmp_path: Path, cluster: Any
+) -> None:
+
+    node = f"crashed-{os.getpid()}"
+    kube.create(PODS, bare_pod("orphan", "import time; time.sleep(600)", node), namespace)
+    # What an agent that crashed while the pod ran leaves behind.
+    kube.request(
+        "PATCH",
+        PODS.path(namespace, "orphan", "status"),
+        body={"status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}},
+        content_type="application/strategic-merge-patch+json",
+    )
+    kube.create(PODS, bare_pod("fresh", "print('ran')", node), namespace)
+    agent = NodeAgent(
+        kube,
+        server=cluster.server,
+        ca_pem=cluster.control_plane.ca_file.read_bytes(),
+        state_dir=tmp_path / "agent",
+        node_name=node,
+    )
+    agent.start()
+    try:
+        wait_until(
+            lambda: kube.get(PODS, "fresh", namespace)["status"].get("phase") == "Succeeded",
+            timeout=60,
+            what="the pod created bound to the node to run",
+        )
+        orphan = kube.get(PODS, "orphan", namespace)
+        assert orphan["status"]["phase"] == "Failed"
+        terminated = orphan["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["exitCode"] == 137
+        assert pod_condition(orphan, "DisruptionTarget")["status"] == "True"
+        assert not (agent.log_dir / namespace / "orphan.log").exists()
+        assert (agent.log_dir / namespace / "fresh.log").read_text() == "ran\n"
+    finally:
+        agent.stop()
