@@ -9,6 +9,11 @@ from __future__ import annotations
 import click
 
 from pkobatch import __version__
+from pkobatch.cli.commands import register
+from pkobatch.cli.crds import crds_command
+from pkobatch.cli.dev import dev_group
+from pkobatch.cli.run import job_group, run_command
+from pkobatch.runtime.command import controller_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
@@ -17,5 +22,14 @@ def cli() -> None:
     """pkobatch runs Pulumi stacks on Kubernetes, one Job per operation."""
 
 
+register(cli)
+for command in (crds_command, dev_group, run_command, job_group, controller_command):
+    cli.add_command(command)
+
+
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

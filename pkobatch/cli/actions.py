@@ -1,0 +1,448 @@
+"""Commands that change something: request runs, reconcile, cancel, suspend and resume.
+
+Runs are requested through annotations the controller answers in the Stack's status
+(``requests.py``); the CLI never creates Jobs itself, so a run it asks for obeys the same
+rules (one run per Stack, suspension, RBAC of the run's ServiceAccount) as every other.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Final
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+from pkobatch.api.constants import (
+    FIELD_MANAGER_CLI,
+    OPERATION_REQUEST_ANNOTATION,
+    OPERATIONS,
+    RECONCILE_REQUEST_ANNOTATION,
+)
+from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
+from pkobatch.cli.follow import wait_for
+from pkobatch.cli.render import changes_text, format_table, human_duration
+from pkobatch.cli.requests import (
+    Outcome,
+    new_token,
+    operation_progress,
+    outcome,
+    reconcile_progress,
+    set_annotation,
+)
+from pkobatch.cli.runs import RunRecord
+from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
+from pkobatch.cli.views import stack_view
+from pkobatch.kube.client import STACKS, Forbidden, KubeError
+
+JSON = dict[str, Any]
+DEFAULT_CONCURRENCY: Final = 4
+
+OPERATION_SHORT_HELP: Final = {
+    "up": "Run `pulumi up` on Stacks now.",
+    "preview": "Run `pulumi preview` on Stacks now (changes nothing).",
+    "refresh": "Run `pulumi refresh` on Stacks now.",
+    "destroy": "Run `pulumi destroy` on Stacks now, then hold them.",
+}
+OPERATION_HELP: Final = {
+    "up": "Run `pulumi up` on a Stack now (also releases a Stack held after a destroy).",
+    "preview": "Run `pulumi preview` on a Stack now; nothing is changed.",
+    "refresh": "Run `pulumi refresh` on a Stack now: update its state from the real resources.",
+    "destroy": "Run `pulumi destroy` on a Stack now. The Stack is then held: no automatic "
+    "up until its spec changes or `pkobatch up` is run.",
+}
+
+
+def _wait_default(wait: bool | None) -> bool:
+    return sys.stdout.isatty() if wait is None else wait
+
+
+def _record(session: Session, stack: JSON, run: str) -> RunRecord | None:
+    if not run:
+        return None
+    view = stack_view(stack)
+    try:
+        runs = list_runs(session.kube, view.namespace, view.name)
+    except Forbidden:
+        return None
+    return next((r for r in runs if r.name == run), None)
+
+
+def outcome_lines(result: Outcome) -> list[str]:
+    where = f"{result.namespace}/{result.name}"
+    if result.result == "requested":
+        return [f"{result.operation} requested for {where} ({result.request})"]
+    details = [f"run {result.run}"] if result.run else []
+    if result.duration is not None:
+        details.append(human_duration(result.duration))
+    head = f"{result.operation} {result.result}: {where}"
+    lines = [head + (f" ({', '.join(details)})" if details else "")]
+    if result.reason:
+        lines.append(f"reason: {result.reason}")
+    if result.message:
+        lines.append(f"message: {result.message}")
+    if result.changes:
+        lines.append(f"changes: {changes_text(result.changes)}")
+    return lines
+
+
+def print_outcomes(session: Session, results: Sequence[Outcome], *, single: bool) -> None:
+    if session.output in ("json", "yaml"):
+        data = [r.to_json() for r in results]
+        session.print_data(data[0] if single else data)
+    elif single:
+        session.print_lines(outcome_lines(results[0]))
+    else:
+        rows = [
+            [
+                r.namespace,
+                r.name,
+                r.operation,
+                r.result,
+                r.reason,
+                human_duration(r.duration) if r.duration is not None else "",
+                r.run,
+                r.message,
+            ]
+            for r in results
+        ]
+        headers = ["namespace", "name", "operation", "result", "reason", "duration", "run"]
+        session.print_lines(format_table([*headers, "message"], rows))
+
+
+def _confirm_destroy(session: Session, stacks: Sequence[JSON]) -> None:
+    names = ", ".join(
+        f"{stack_view(s).namespace}/{stack_view(s).name} ({stack_view(s).stack})" for s in stacks
+    )
+    try:
+        answer = click.confirm(
+            f"Destroy every resource of {names}?", default=False, err=True, abort=False
+        )
+    except click.Abort:
+        raise click.UsageError(
+            "destroy needs confirmation: answer the prompt, or pass --yes"
+        ) from None
+    if not answer:
+        raise CommandFailed("not confirmed: nothing was destroyed")
+
+
+def request_and_wait(
+    session: Session,
+    stack: JSON,
+    operation: str,
+    *,
+    wait: bool,
+    show_logs: bool,
+) -> Outcome:
+    value = f"{operation}:{new_token()}"
+    stack, replaced = set_annotation(session.kube, stack, OPERATION_REQUEST_ANNOTATION, value)
+    view = stack_view(stack)
+    if replaced:
+        session.warn(f"{view.namespace}/{view.name}: replaced the pending request {replaced}")
+    if not wait:
+        return Outcome(view.namespace, view.name, operation, value, "requested")
+    stack, progress = wait_for(
+        session,
+        stack,
+        lambda s: operation_progress(s, value),
+        label=f"{operation} {view.namespace}/{view.name}",
+        show_logs=show_logs,
+    )
+    return outcome(stack, operation, value, progress, _record(session, stack, progress.job_name))
+
+
+def _select_stacks(
+    session: Session, name: str | None, selector: str | None, all_stacks: bool
+) -> tuple[list[JSON], bool]:
+    """The Stacks a command applies to, and whether it was one Stack named on the line."""
+    given = sum([bool(name), bool(selector), all_stacks])
+    if given != 1:
+        raise click.UsageError("give exactly one of NAME, -l SELECTOR or --all")
+    if name:
+        if session.options.all_namespaces:
+            raise click.UsageError("-A needs -l SELECTOR or --all, not a NAME")
+        return [get_stack(session, name)], True
+    stacks = list_stacks(session, selector)
+    if not stacks:
+        where = (
+            "any namespace" if session.options.all_namespaces else f"namespace {session.namespace}"
+        )
+        what = f"matches -l {selector}" if selector else "exists"
+        raise CommandFailed(f"no Stack {what} in {where}")
+    return stacks, False
+
+
+def _run_many(
+    session: Session,
+    stacks: Sequence[JSON],
+    work: Callable[[JSON], Outcome],
+    concurrency: int,
+) -> list[Outcome]:
+    """Apply ``work`` to every Stack, at most ``concurrency`` at a time, with a progress bar
+    on stderr; an API error on one Stack becomes that Stack's outcome."""
+    results: list[Outcome] = []
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=session.err,
+        disable=not session.err.is_terminal,
+        transient=True,
+    )
+
+    def one(stack: JSON) -> Outcome:
+        view = stack_view(stack)
+        try:
+            return work(stack)
+        except (KubeError, click.ClickException) as exc:
+            message = exc.message if isinstance(exc, KubeError) else exc.format_message()
+            return Outcome(
+                view.namespace, view.name, "", "", "error", message=" ".join(message.split())
+            )
+
+    with progress, ThreadPoolExecutor(max_workers=concurrency) as pool:
+        task = progress.add_task("stacks", total=len(stacks))
+        futures = [pool.submit(one, stack) for stack in stacks]
+        for future in as_completed(futures):
+            result = future.result()
+            results.append(result)
+            progress.advance(task)
+            if not progress.disable:
+                progress.console.print(
+                    f"{result.namespace}/{result.name}: {result.result}", markup=False
+                )
+            else:
+                session.progress(f"{result.namespace}/{result.name}: {result.result}")
+    return sorted(results, key=lambda r: (r.namespace, r.name))
+
+
+def _operation_command(operation: str) -> click.Command:
+    confirm = " --yes" if operation == "destroy" else ""
+    epilog = f"""\b
+Examples:
+  pkobatch {operation} web{confirm} --wait
+  pkobatch {operation} -l team=payments{confirm} --wait --concurrency 8"""
+
+    @command(
+        operation,
+        short_help=OPERATION_SHORT_HELP[operation],
+        help=OPERATION_HELP[operation]
+        + """
+
+The controller runs the operation as a Job. With --wait (the default on a terminal) the
+command follows the run, prints the runner's output to stderr and the result to stdout,
+and exits 1 if the run failed or was rejected. With -l or --all it applies to many
+Stacks, at most --concurrency at a time, and prints a summary table.""",
+        epilog=epilog,
+    )
+    @click.argument("name", required=False, shell_complete=complete_stack_names)
+    @click.option(
+        "-l", "--selector", metavar="SELECTOR", help="All Stacks matching this label selector."
+    )
+    @click.option(
+        "--all",
+        "all_stacks",
+        is_flag=True,
+        help="All Stacks in the namespace (or with -A, everywhere).",
+    )
+    @click.option(
+        "--wait/--no-wait", default=None, help="Follow the run to its end (default: on a terminal)."
+    )
+    @click.option(
+        "--concurrency",
+        type=click.IntRange(1, 64),
+        default=DEFAULT_CONCURRENCY,
+        show_default=True,
+        help="Stacks in flight at once with -l/--all.",
+    )
+    @click.option(
+        "-y",
+        "--yes",
+        is_flag=True,
+        hidden=operation != "destroy",
+        help="Do not ask for confirmation.",
+    )
+    def run(
+        name: str | None,
+        selector: str | None,
+        all_stacks: bool,
+        wait: bool | None,
+        concurrency: int,
+        yes: bool,
+    ) -> None:
+        session = Session.current()
+        session.require_output("table", "json", "yaml")
+        stacks, single = _select_stacks(session, name, selector, all_stacks)
+        if operation == "destroy" and not yes:
+            _confirm_destroy(session, stacks)
+        follow = _wait_default(wait)
+        if single:
+            result = request_and_wait(session, stacks[0], operation, wait=follow, show_logs=True)
+            results = [result]
+        else:
+            results = _run_many(
+                session,
+                stacks,
+                lambda stack: request_and_wait(
+                    session, stack, operation, wait=follow, show_logs=False
+                ),
+                concurrency,
+            )
+        print_outcomes(session, results, single=single)
+        if not all(r.ok for r in results):
+            exit_failed()
+
+    return run
+
+
+OPERATION_COMMANDS: Final = tuple(_operation_command(op) for op in OPERATIONS)
+
+
+# -- reconcile ----------------------------------------------------------------------------
+
+
+@command(
+    "reconcile",
+    short_help="Re-run a Stack's normal operation now and wait for Ready.",
+    epilog="""\b
+Examples:
+  pkobatch reconcile web
+  pkobatch reconcile web --timeout 30m""",
+)
+@click.argument("name", shell_complete=complete_stack_names)
+@click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait for the run and Ready."
+)
+def reconcile_command(name: str, wait: bool) -> None:
+    """Ask the controller to run the Stack's normal operation now (PKO's
+    pulumi.com/reconciliation-request annotation, as `flux reconcile` does), wait for the
+    run to finish, and exit 0 if the Stack is Ready, 1 if not."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    stack = get_stack(session, name)
+    view = stack_view(stack)
+    if view.suspended:
+        raise CommandFailed(
+            f"stack {name} is suspended: resume it first with `pkobatch resume {name}`"
+        )
+    token = new_token()
+    stack, _ = set_annotation(session.kube, stack, RECONCILE_REQUEST_ANNOTATION, token)
+    if not wait:
+        print_outcomes(
+            session,
+            [Outcome(view.namespace, view.name, "reconcile", token, "requested")],
+            single=True,
+        )
+        return
+    stack, progress = wait_for(
+        session,
+        stack,
+        lambda s: reconcile_progress(s, token),
+        label=f"reconcile {view.namespace}/{view.name}",
+        show_logs=True,
+    )
+    record = _record(session, stack, progress.job_name)
+    operation = (record.operation if record else "") or str(
+        ((stack.get("status") or {}).get("lastUpdate") or {}).get("type") or "reconcile"
+    )
+    result = outcome(stack, operation, token, progress, record)
+    print_outcomes(session, [result], single=True)
+    if not result.ok:
+        exit_failed()
+
+
+# -- cancel -------------------------------------------------------------------------------
+
+
+@command(
+    "cancel",
+    short_help="Stop a Stack's running run.",
+    epilog="""\b
+Examples:
+  pkobatch cancel web""",
+)
+@click.argument("name", shell_complete=complete_stack_names)
+@click.option(
+    "--wait/--no-wait",
+    default=None,
+    help="Wait until the controller confirms (default: on a terminal).",
+)
+def cancel_command(name: str, wait: bool | None) -> None:
+    """Cancel the run in progress: the controller deletes its Job (Pulumi gets the grace
+    period to stop cleanly) and records the run as failed with reason Cancelled."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    stack = get_stack(session, name)
+    if not stack_view(stack).current_run:
+        raise CommandFailed(f"stack {name} has no run in progress")
+    result = request_and_wait(session, stack, "cancel", wait=_wait_default(wait), show_logs=False)
+    print_outcomes(session, [result], single=True)
+    if not result.ok:
+        exit_failed()
+
+
+# -- suspend / resume ---------------------------------------------------------------------
+
+
+def _set_suspend(session: Session, stacks: Sequence[JSON], suspend: bool) -> None:
+    done = []
+    for stack in stacks:
+        metadata = stack["metadata"]
+        session.kube.merge_patch(
+            STACKS,
+            metadata["name"],
+            {"spec": {"suspend": suspend}},
+            metadata["namespace"],
+            field_manager=FIELD_MANAGER_CLI,
+        )
+        done.append(
+            {"namespace": metadata["namespace"], "name": metadata["name"], "suspended": suspend}
+        )
+    if session.output in ("json", "yaml"):
+        session.print_data(done)
+        return
+    word = "suspended" if suspend else "resumed"
+    session.print_lines(f"stack {d['namespace']}/{d['name']} {word}" for d in done)
+
+
+def _suspend_command(suspend: bool) -> click.Command:
+    verb = "suspend" if suspend else "resume"
+    summary = (
+        "Stop starting new runs of Stacks (a running one finishes)."
+        if suspend
+        else "Let suspended Stacks run again."
+    )
+
+    @command(
+        verb,
+        short_help=summary,
+        help=summary + " Sets spec.suspend.",
+        epilog=f"""\b
+Examples:
+  pkobatch {verb} web
+  pkobatch {verb} --all -n team-payments""",
+    )
+    @click.argument("name", required=False, shell_complete=complete_stack_names)
+    @click.option(
+        "-l", "--selector", metavar="SELECTOR", help="All Stacks matching this label selector."
+    )
+    @click.option(
+        "--all",
+        "all_stacks",
+        is_flag=True,
+        help="All Stacks in the namespace (or with -A, everywhere).",
+    )
+    def run(name: str | None, selector: str | None, all_stacks: bool) -> None:
+        session = Session.current()
+        session.require_output("table", "json", "yaml")
+        stacks, _ = _select_stacks(session, name, selector, all_stacks)
+        _set_suspend(session, stacks, suspend)
+
+    return run
+
+
+suspend_command: Final = _suspend_command(True)
+resume_command: Final = _suspend_command(False)

@@ -1,0 +1,394 @@
+"""``pkobatch check`` and ``pkobatch version``: is everything installed, current and allowed?
+
+The comparisons are pure functions (``crd_differences``, ``lease_state``,
+``permission_checks``) so that each verdict is unit-tested; the commands only fetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import click
+from rich.text import Text
+
+from pkobatch import __version__
+from pkobatch.api.constants import CRD_NAME, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from pkobatch.api.crd import generate_crd
+from pkobatch.cli.render import format_table, human_duration
+from pkobatch.cli.runs import read_result
+from pkobatch.cli.session import Session, command, describe_unreachable, exit_failed, now
+from pkobatch.cli.views import parse_time
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    CRDS,
+    DEPLOYMENTS,
+    LEASES,
+    SELF_SUBJECT_ACCESS_REVIEWS,
+    Forbidden,
+    Kube,
+    KubeError,
+    NotFound,
+    Unreachable,
+)
+
+JSON = dict[str, Any]
+CONTROLLER_NAMESPACE: Final = "pkobatch-system"
+CONTROLLER_NAME: Final = "pkobatch-controller"
+CONTROLLER_CONTAINER: Final = "controller"
+OK: Final = "ok"
+WARNING: Final = "warning"
+FAIL: Final = "FAIL"
+CONTROLLER_NAMESPACE_OPTION = click.option(
+    "--controller-namespace",
+    metavar="NS",
+    default=CONTROLLER_NAMESPACE,
+    show_default=True,
+    help="Namespace of the pkobatch controller.",
+)
+
+# What each command needs (API group, resource, verb); `check` asks the API server which
+# of these the current user may do, in the namespace the command would work in.
+COMMAND_PERMISSIONS: Final[Mapping[str, tuple[tuple[str, str, str], ...]]] = {
+    "get, describe, outputs, schedule": (
+        ("pulumi.com", "stacks", "get"),
+        ("pulumi.com", "stacks", "list"),
+        ("pulumi.com", "stacks", "watch"),
+    ),
+    "up, preview, refresh, destroy, cancel, reconcile, suspend, resume": (
+        ("pulumi.com", "stacks", "patch"),
+    ),
+    "history": (("batch", "jobs", "list"), ("", "configmaps", "list")),
+    "logs": (("", "pods", "list"), ("", "pods/log", "get")),
+    "events": (("", "events", "list"), ("", "events", "watch")),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: str
+    detail: str
+
+    def to_json(self) -> JSON:
+        return {"check": self.name, "result": self.result, "detail": self.detail}
+
+
+def _comparable_version(version: Mapping[str, Any]) -> JSON:
+    keys = ("served", "storage", "deprecated", "schema", "subresources", "additionalPrinterColumns")
+    return {key: version.get(key) for key in keys if version.get(key) not in (None, False)}
+
+
+def crd_differences(installed: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """What differs between the installed CRD and the one this CLI generates."""
+    problems = []
+    spec, wanted = installed.get("spec") or {}, expected["spec"]
+    for key in ("group", "scope"):
+        if spec.get(key) != wanted[key]:
+            problems.append(f"spec.{key} is {spec.get(key)!r}, expected {wanted[key]!r}")
+    names = spec.get("names") or {}
+    for key, value in wanted["names"].items():
+        if names.get(key) != value:
+            problems.append(f"spec.names.{key} is {names.get(key)!r}, expected {value!r}")
+    have = {v.get("name"): v for v in spec.get("versions") or []}
+    for version in wanted["versions"]:
+        current = have.get(version["name"])
+        if current is None:
+            problems.append(f"version {version['name']} is missing")
+            continue
+        mine, theirs = _comparable_version(version), _comparable_version(current)
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) != theirs.get(key):
+                problems.append(f"version {version['name']}: {key} differs")
+    return problems
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    holder: str
+    renewed: datetime | None
+    duration: timedelta
+    expired: bool
+
+
+def lease_state(lease: Mapping[str, Any], now: datetime) -> LeaseState:
+    spec = lease.get("spec") or {}
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    duration = timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+    holder = str(spec.get("holderIdentity") or "")
+    expired = not holder or renewed is None or renewed + duration < now
+    return LeaseState(holder, renewed, duration, expired)
+
+
+def image_tag(image: str) -> str:
+    """The tag (or digest) of an image reference; "latest" when it has neither."""
+    if "@" in image:
+        return image.split("@", 1)[1]
+    name = image.rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else "latest"
+
+
+def controller_image(deployment: Mapping[str, Any]) -> str:
+    containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or []
+    chosen = next((c for c in containers if c.get("name") == CONTROLLER_CONTAINER), None)
+    chosen = chosen or (containers[0] if containers else {})
+    return str(chosen.get("image") or "")
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def _api_server_check(kube: Kube) -> Check:
+    version = kube.request("GET", "/version")
+    return Check("api server", OK, f"{version.get('gitVersion', '?')} at {kube.host}")
+
+
+def _crd_checks(kube: Kube) -> list[Check]:
+    try:
+        installed = kube.get(CRDS, CRD_NAME)
+    except NotFound:
+        return [
+            Check(
+                "crd",
+                FAIL,
+                f"{CRD_NAME} is not installed: `pkobatch crds | kubectl apply -f -`",
+            )
+        ]
+    except Forbidden:
+        return [Check("crd", WARNING, f"not allowed to read the CRD {CRD_NAME}")]
+    problems = crd_differences(installed, generate_crd())
+    if problems:
+        return [
+            Check(
+                "crd",
+                FAIL,
+                f"{CRD_NAME} differs from this CLI's ({'; '.join(problems[:3])}): "
+                "re-apply it with `pkobatch crds | kubectl apply --server-side -f -`",
+            )
+        ]
+    return [Check("crd", OK, f"{CRD_NAME} is installed and current")]
+
+
+def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]:
+    checks = []
+    try:
+        deployment = kube.get(DEPLOYMENTS, CONTROLLER_NAME, namespace)
+        status = deployment.get("status") or {}
+        ready, wanted = (
+            int(status.get("readyReplicas") or 0),
+            int((deployment.get("spec") or {}).get("replicas") or 0),
+        )
+        image = controller_image(deployment)
+        checks.append(
+            Check(
+                "controller deployment",
+                OK if ready >= 1 else FAIL,
+                f"{namespace}/{CONTROLLER_NAME}: {ready}/{wanted} ready, image {image}",
+            )
+        )
+    except NotFound:
+        checks.append(
+            Check(
+                "controller deployment",
+                WARNING,
+                f"no Deployment {namespace}/{CONTROLLER_NAME} (fine if the controller runs "
+                "elsewhere; else pass --controller-namespace)",
+            )
+        )
+    except Forbidden:
+        checks.append(Check("controller deployment", WARNING, "not allowed to read it"))
+    try:
+        lease = lease_state(kube.get(LEASES, CONTROLLER_NAME, namespace), now)
+        if lease.expired:
+            checks.append(
+                Check(
+                    "controller leader",
+                    FAIL,
+                    f"Lease {namespace}/{CONTROLLER_NAME} is not held: no controller is running",
+                )
+            )
+        else:
+            since = human_duration(now - lease.renewed) if lease.renewed else "?"
+            checks.append(Check("controller leader", OK, f"{lease.holder} (renewed {since} ago)"))
+    except NotFound:
+        checks.append(
+            Check(
+                "controller leader",
+                FAIL,
+                f"no Lease {namespace}/{CONTROLLER_NAME}: the controller is not running "
+                "(or runs without leader election, or in another --controller-namespace)",
+            )
+        )
+    except Forbidden:
+        checks.append(Check("controller leader", WARNING, "not allowed to read its Lease"))
+    return checks
+
+
+def access_review(group: str, resource: str, verb: str, namespace: str | None) -> JSON:
+    resource_name, _, subresource = resource.partition("/")
+    attributes = {"group": group, "resource": resource_name, "verb": verb}
+    if subresource:
+        attributes["subresource"] = subresource
+    if namespace:
+        attributes["namespace"] = namespace
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+
+
+def _permission_checks(kube: Kube, namespace: str | None) -> list[Check]:
+    where = f"namespace {namespace}" if namespace else "all namespaces"
+    checks = []
+    for commands, needs in COMMAND_PERMISSIONS.items():
+        denied = []
+        for group, resource, verb in needs:
+            review = kube.create(
+                SELF_SUBJECT_ACCESS_REVIEWS, access_review(group, resource, verb, namespace)
+            )
+            if not (review.get("status") or {}).get("allowed"):
+                denied.append(f"{verb} {resource}")
+        checks.append(
+            Check(
+                f"rbac: {commands}",
+                FAIL if denied else OK,
+                f"cannot {', '.join(denied)} in {where}" if denied else f"allowed in {where}",
+            )
+        )
+    return checks
+
+
+def _check_rows(checks: Sequence[Check]) -> list[list[Text | str]]:
+    style = {OK: "green", WARNING: "yellow", FAIL: "red"}
+    return [[c.name, Text(c.result, style=style[c.result]), c.detail] for c in checks]
+
+
+@command(
+    "check",
+    short_help="Check the CRD, the controller and your permissions.",
+    epilog="""\b
+Examples:
+  pkobatch check
+  pkobatch check -n team-payments --controller-namespace pkobatch""",
+)
+@CONTROLLER_NAMESPACE_OPTION
+def check_command(controller_namespace: str) -> None:
+    """Check that the API server answers, the Stack CRD is installed and matches this CLI,
+    the controller runs and holds its leader Lease, and what you may do in the namespace.
+    Exits 1 if any check fails."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    kube = session.kube
+    try:
+        checks = [_api_server_check(kube)]
+    except Unreachable as exc:
+        checks = [Check("api server", FAIL, describe_unreachable(exc, kube.host))]
+    else:
+        checks += _crd_checks(kube)
+        checks += _controller_checks(kube, controller_namespace, now())
+        checks += _permission_checks(kube, session.list_namespace)
+    if session.output in ("json", "yaml"):
+        session.print_data([c.to_json() for c in checks])
+    else:
+        session.print_lines(format_table(["check", "result", "detail"], _check_rows(checks)))
+    if any(c.result == FAIL for c in checks):
+        exit_failed()
+
+
+# -- version ------------------------------------------------------------------------------
+
+
+def _controller_version(kube: Kube, namespace: str) -> tuple[str, str]:
+    try:
+        deployment = kube.get(DEPLOYMENTS, CONTROLLER_NAME, namespace)
+        image = controller_image(deployment)
+        return image_tag(image), f"Deployment {namespace}/{CONTROLLER_NAME} runs {image}"
+    except (NotFound, Forbidden):
+        pass
+    try:
+        lease = kube.get(LEASES, CONTROLLER_NAME, namespace)
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        return "unknown", f"leader {holder}" if holder else "no leader"
+    except (NotFound, Forbidden):
+        return "unknown", f"no controller found in namespace {namespace}"
+
+
+def _crd_version(kube: Kube) -> tuple[str, str]:
+    try:
+        installed = kube.get(CRDS, CRD_NAME)
+    except NotFound:
+        return "not installed", "`pkobatch crds | kubectl apply -f -`"
+    except Forbidden:
+        return "unknown", "not allowed to read the CRD"
+    served = [v.get("name") for v in (installed.get("spec") or {}).get("versions") or []]
+    current = not crd_differences(installed, generate_crd())
+    return ", ".join(map(str, served)), "matches this CLI" if current else "differs from this CLI"
+
+
+def _pulumi_version(kube: Kube, namespace: str | None) -> tuple[str, str]:
+    try:
+        configmaps, _ = kube.list_objects(
+            CONFIGMAPS, namespace, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+        )
+    except Forbidden:
+        return "unknown", "not allowed to list run results"
+    results = [r for r in map(read_result, configmaps) if r is not None and r.pulumi_version]
+    if not results:
+        where = f"namespace {namespace}" if namespace else "the cluster"
+        return "unknown", f"no run results in {where}"
+    latest = max(
+        results,
+        key=lambda r: (r.end_time is not None, r.end_time or datetime.min.replace(tzinfo=UTC)),
+    )
+    return latest.pulumi_version, f"used by run {latest.job_name}"
+
+
+@command(
+    "version",
+    short_help="Show the versions of the CLI, controller, CRD and Pulumi.",
+    epilog="""\b
+Examples:
+  pkobatch version
+  pkobatch version --client
+  pkobatch version -o json""",
+)
+@CONTROLLER_NAMESPACE_OPTION
+@click.option("--client", "client_only", is_flag=True, help="Only the CLI's version.")
+def version_command(controller_namespace: str, client_only: bool) -> None:
+    """Show the versions of this CLI, the controller (its image tag), the installed CRD,
+    and Pulumi (as reported by the most recent run in the namespace)."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    rows: list[tuple[str, str, str]] = [("cli", __version__, "")]
+    failed = False
+    if not client_only:
+        kube = session.kube
+        try:
+            server = str(kube.request("GET", "/version").get("gitVersion", "?"))
+            rows.append(("kubernetes", server, kube.host))
+            rows.append(("controller", *_controller_version(kube, controller_namespace)))
+            rows.append(("crd", *_crd_version(kube)))
+            rows.append(("pulumi", *_pulumi_version(kube, session.list_namespace)))
+        except KubeError as exc:
+            failed = True
+            detail = (
+                describe_unreachable(exc, kube.host)
+                if isinstance(exc, Unreachable)
+                else " ".join(exc.message.split())
+            )
+            rows.append(("cluster", "unavailable", detail))
+    if session.output in ("json", "yaml"):
+        session.print_data(
+            {name: {"version": version, "detail": detail} for name, version, detail in rows}
+        )
+    else:
+        session.print_lines(
+            format_table(["component", "version", "detail"], [list(r) for r in rows])
+        )
+    if failed:
+        exit_failed()

@@ -1,0 +1,169 @@
+"""The command line itself, without a cluster: help, docs, global options, usage errors,
+and the one-line errors for a cluster that cannot be reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pkobatch.cli.commands import USER_COMMANDS
+from pkobatch.cli.reference import cli_reference, user_group
+from pkobatch.cli.session import GlobalOptions, Session, command, global_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig naming a port nothing listens on."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("name", [c.name for c in USER_COMMANDS] + [None])
+def test_help_fits_80_columns(runner: CliRunner, name: str | None) -> None:
+    result = runner.invoke(user_group(), [name, "--help"] if name else ["--help"])
+
+    assert result.exit_code == 0, result.output
+    too_long = [line for line in result.output.splitlines() if len(line) > 80]
+    assert too_long == []
+
+
+def test_every_command_has_an_example() -> None:
+    for cmd in USER_COMMANDS:
+        assert cmd.epilog and f"pkobatch {cmd.name}" in cmd.epilog, cmd.name
+
+
+def test_docs_cli_md_is_generated_from_the_commands() -> None:
+    expected = cli_reference(user_group())
+
+    assert (ROOT / "docs" / "cli.md").read_text() == expected, (
+        "docs/cli.md is stale: run `python -m pkobatch.cli.reference > docs/cli.md`"
+    )
+    for cmd in USER_COMMANDS:
+        assert f"## `pkobatch {cmd.name}`" in expected
+
+
+@click.group()
+def probe_group() -> None:
+    """A group with the global options, as register() sets up pkobatch's."""
+
+
+probe_group.params.extend(global_params())
+
+
+@command("probe")
+def probe() -> None:
+    options = Session.current().options
+    click.echo(f"{options.namespace} {options.output} {options.timeout} {options.all_namespaces}")
+
+
+probe_group.add_command(probe)
+
+
+def test_global_options_work_before_and_after_the_command(runner: CliRunner) -> None:
+    before = runner.invoke(probe_group, ["-n", "a", "-o", "json", "probe"])
+    after = runner.invoke(probe_group, ["probe", "-n", "b", "--timeout", "90s", "-A"])
+    both = runner.invoke(probe_group, ["-n", "a", "-o", "yaml", "probe", "-n", "b"])
+    defaults = runner.invoke(probe_group, ["probe"])
+
+    assert before.output == "a json None False\n"
+    assert after.output == "b table 0:01:30 True\n"
+    assert both.output == "b yaml None False\n"
+    assert defaults.output == "None table None False\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["get", "--status-selector", "colour=red"], "KEY=VALUE"),
+        (["get", "--timeout", "5 parsecs"], "invalid duration"),
+        (["get", "-o", "xml"], "'xml' is not one of"),
+        (["refresh"], "exactly one of NAME, -l SELECTOR or --all"),
+        (["refresh", "web", "--all"], "exactly one of NAME, -l SELECTOR or --all"),
+        (["describe", "web", "-o", "json"], "does not support -o json"),
+        (["logs", "web", "-o", "yaml"], "does not support -o yaml"),
+        (["schedule", "web", "--next", "0"], "0 is not in the range"),
+    ],
+)
+def test_usage_errors_exit_2(
+    runner: CliRunner, args: list[str], message: str, unreachable_kubeconfig: Path
+) -> None:
+    result = runner.invoke(user_group(), [*args, "--kubeconfig", str(unreachable_kubeconfig)])
+
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_unreachable_cluster_is_one_line_and_exit_1(
+    runner: CliRunner, unreachable_kubeconfig: Path
+) -> None:
+    expected = "cannot reach the Kubernetes API server at https://127.0.0.1:1 (connection refused)"
+    for args in (["get"], ["describe", "web"], ["refresh", "web", "--no-wait"]):
+        result = runner.invoke(user_group(), ["--kubeconfig", str(unreachable_kubeconfig), *args])
+
+        assert result.exit_code == 1, (args, result.output)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"Error: {expected}"), line
+
+
+def test_check_reports_an_unreachable_cluster_as_a_failed_check(
+    runner: CliRunner, unreachable_kubeconfig: Path
+) -> None:
+    result = runner.invoke(user_group(), ["check", "--kubeconfig", str(unreachable_kubeconfig)])
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[1].split()[:3] == ["api", "server", "FAIL"]
+    assert "cannot reach the Kubernetes API server" in result.stdout
+
+
+def test_missing_kubeconfig_is_one_line_and_exit_1(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(user_group(), ["get", "--kubeconfig", str(tmp_path / "nope")])
+
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert "pass --kubeconfig or set KUBECONFIG" in result.stderr
+
+
+def test_version_client_needs_no_cluster(runner: CliRunner) -> None:
+    result = runner.invoke(user_group(), ["version", "--client", "-o", "json"])
+
+    assert result.exit_code == 0
+    assert '"cli"' in result.stdout
+
+
+def test_the_console_script_has_the_user_commands_and_global_options() -> None:
+    from pkobatch.main import cli
+
+    assert {c.name for c in USER_COMMANDS} <= set(cli.commands)
+    assert {"kubeconfig", "context", "namespace", "all_namespaces", "output"} <= {
+        p.name for p in cli.params
+    }
+
+
+def test_colour_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    flagged = Session(GlobalOptions(no_color=True))
+    monkeypatch.setenv("NO_COLOR", "1")
+    from_env = Session(GlobalOptions())
+
+    assert flagged.out.no_color and flagged.err.no_color
+    assert from_env.out.no_color and from_env.err.no_color

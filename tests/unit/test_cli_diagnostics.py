@@ -1,0 +1,117 @@
+"""Verdicts of `pkobatch check` and `pkobatch version` (pure)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pkobatch.api.crd import generate_crd
+from pkobatch.cli.diagnostics import (
+    COMMAND_PERMISSIONS,
+    access_review,
+    controller_image,
+    crd_differences,
+    image_tag,
+    lease_state,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def test_the_generated_crd_has_no_differences_even_with_server_defaults() -> None:
+    installed = copy.deepcopy(generate_crd())
+    installed["spec"]["conversion"] = {"strategy": "None"}
+    installed["status"] = {"acceptedNames": {}}
+
+    assert crd_differences(installed, generate_crd()) == []
+
+
+def test_crd_differences_name_what_changed() -> None:
+    installed = copy.deepcopy(generate_crd())
+    installed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ].pop("suspend")
+    installed["spec"]["versions"].pop(1)
+    installed["spec"]["names"]["categories"] = []
+
+    assert crd_differences(installed, generate_crd()) == [
+        "spec.names.categories is [], expected ['pulumi']",
+        "version v1: schema differs",
+        "version v1alpha1 is missing",
+    ]
+
+
+def test_lease_state() -> None:
+    lease = {
+        "spec": {
+            "holderIdentity": "pkobatch-controller-abc",
+            "renewTime": "2026-11-30T11:59:50.000000Z",
+            "leaseDurationSeconds": 35,
+        }
+    }
+
+    held = lease_state(lease, NOW)
+    expired = lease_state(lease, NOW + timedelta(minutes=1))
+    released = lease_state({"spec": {"leaseDurationSeconds": 35}}, NOW)
+
+    assert (held.holder, held.expired) == ("pkobatch-controller-abc", False)
+    assert expired.expired
+    assert released.expired
+
+
+@pytest.mark.parametrize(
+    ("image", "tag"),
+    [
+        ("pkobatch/runner:0.1.0", "0.1.0"),
+        ("registry:5000/pkobatch/runner:0.2.0", "0.2.0"),
+        ("registry:5000/pkobatch/runner", "latest"),
+        ("pkobatch/runner@sha256:abc", "sha256:abc"),
+    ],
+)
+def test_image_tag(image: str, tag: str) -> None:
+    assert image_tag(image) == tag
+
+
+def test_controller_image_prefers_the_controller_container() -> None:
+    deployment = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "proxy", "image": "proxy:1"},
+                        {"name": "controller", "image": "pkobatch/runner:0.3.0"},
+                    ]
+                }
+            }
+        }
+    }
+
+    assert controller_image(deployment) == "pkobatch/runner:0.3.0"
+    assert controller_image({}) == ""
+
+
+def test_access_review_splits_subresources() -> None:
+    review = access_review("", "pods/log", "get", "team")
+
+    assert review["spec"]["resourceAttributes"] == {
+        "group": "",
+        "resource": "pods",
+        "subresource": "log",
+        "verb": "get",
+        "namespace": "team",
+    }
+    assert (
+        "namespace"
+        not in access_review("pulumi.com", "stacks", "list", None)["spec"]["resourceAttributes"]
+    )
+
+
+def test_every_user_command_has_its_permissions_checked() -> None:
+    from pkobatch.cli.commands import USER_COMMANDS
+
+    covered = {name.strip() for names in COMMAND_PERMISSIONS for name in names.split(",")}
+    cluster_free = {"check", "version"}
+
+    assert {c.name for c in USER_COMMANDS} - cluster_free == covered
