@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     poll_interval: Duration = Field(
         default=timedelta(seconds=60), description="git branch polling interval (minimum 60s)"
     )
+    schedule_starting_deadline: Duration = Field(
+        default=timedelta(hours=1),
+        description="a scheduled run or drift check missed for longer (controller down, "
+        "Stack suspended) is skipped, like a CronJob's startingDeadlineSeconds",
+    )
     job: JobSettings = Field(default_factory=JobSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
@@ -98,7 +103,7 @@ class Settings(BaseSettings):
     def _address(cls, value: str) -> str:
         if value in ("", "0"):
             return value
-        host, sep, port = value.rpartition(":")
+        _, sep, port = value.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"{value!r} is not HOST:PORT or :PORT (use '0' to disable)")
         return value

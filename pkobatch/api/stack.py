@@ -617,6 +617,35 @@ class Condition(_Model):
     )
 
 
+class OperationRequestStatus(_Model):
+    """pkobatch: the controller's acknowledgement of pkobatch.io/operation-request."""
+
+    request: str | None = Field(default=None, description="The annotation value handled.")
+    operation: str | None = Field(
+        default=None, description="up, preview, refresh, destroy or cancel."
+    )
+    state: Literal["Pending", "Running", "Succeeded", "Failed", "Rejected"] | None = Field(
+        default=None, description="Pending, Running, Succeeded, Failed or Rejected."
+    )
+    job_name: str | None = Field(default=None, description="The Job that ran (or was cancelled).")
+    message: str | None = Field(default=None, description="Result or reason for rejection.")
+
+
+class DriftCheckStatus(_Model):
+    """pkobatch: the last scheduled drift check (spec.driftDetection)."""
+
+    name: str | None = Field(default=None, description="The drift check's Job.")
+    scheduled_time: LooseTime | None = Field(
+        default=None, description="The schedule time the check ran for."
+    )
+    time: LooseTime | None = Field(default=None, description="When the check finished.")
+    state: str | None = Field(default=None, description="succeeded or failed.")
+    drifted_resources: Int64 | None = Field(
+        default=None, description="Resources that differ from the last update."
+    )
+    message: str | None = Field(default=None, description="Error of a failed check.")
+
+
 class StackStatus(_Model):
     observed_generation: Int64 | None = Field(
         default=None, description="Generation last processed."
@@ -642,6 +671,15 @@ class StackStatus(_Model):
     ) = Field(default=None, description="Ready, Reconciling and Stalled.")
     project_info: ProjectInfo | None = Field(
         default=None, description="Project name and runtime of the last successful run."
+    )
+    operation_request: OperationRequestStatus | None = Field(
+        default=None, description="pkobatch: the last operation request handled."
+    )
+    last_schedule_time: LooseTime | None = Field(
+        default=None, description="pkobatch: the last spec.schedule time a run started for."
+    )
+    last_drift_check: DriftCheckStatus | None = Field(
+        default=None, description="pkobatch: the last drift check."
     )
 
 

@@ -1,0 +1,158 @@
+"""Act: carry out a ``Plan`` with as few API writes as possible.
+
+Order: finalizer added → Job created → status written → old Jobs and results deleted →
+finalizer removed → Events posted → prerequisites poked. The Job comes before the status
+that names it, so status never points at a Job that was never made; if the status write
+then fails, the next reconcile adopts the Job (deterministic names make a second create an
+``AlreadyExists``).
+
+Status is written only when it changed, as a JSON merge patch of the difference on the
+status subresource, with field manager ``pkobatch-controller`` and the observed
+``resourceVersion`` as a precondition: a write computed from a stale cache fails with a
+conflict instead of overwriting newer status (the reconcile is then retried).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pkobatch.api.constants import (
+    FIELD_MANAGER_CONTROLLER,
+    FINALIZER,
+    RECONCILE_REQUEST_ANNOTATION,
+)
+from pkobatch.controller.events import EventRecorder
+from pkobatch.controller.plan import Plan
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    STACKS,
+    AlreadyExists,
+    Forbidden,
+    Kube,
+    KubeError,
+    NotFound,
+)
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+
+
+class NamespaceTerminating(Exception):
+    """The Job cannot be created: its namespace is being deleted."""
+
+
+class JobRejected(Exception):
+    """The API server refused the Job (e.g. an invalid pod template from the Stack)."""
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns ``old`` into ``new`` (``{}`` when equal)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch: JSON = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif isinstance(value, Mapping) and isinstance(old[key], Mapping):
+            nested = merge_patch(old[key], value)
+            if nested != {}:
+                patch[key] = nested
+        elif old[key] != value:
+            patch[key] = value
+    return patch
+
+
+def _terminating(exc: KubeError) -> bool:
+    return "being terminated" in exc.message or "NamespaceTerminating" in exc.message
+
+
+class Actor:
+    def __init__(self, kube: Kube, events: EventRecorder) -> None:
+        self._kube = kube
+        self._events = events
+
+    def create_job(self, job: JSON) -> None:
+        namespace = job["metadata"]["namespace"]
+        try:
+            self._kube.create(JOBS, job, namespace)
+        except AlreadyExists:
+            # The same decision was carried out before (crash, stale cache): adopt it.
+            log.info("job %s/%s exists already", namespace, job["metadata"]["name"])
+        except Forbidden as exc:
+            if _terminating(exc):
+                raise NamespaceTerminating(exc.message) from exc
+            raise
+        except KubeError as exc:
+            if exc.status == 422:
+                raise JobRejected(exc.message) from exc
+            raise
+
+    def apply(self, stack: Mapping[str, Any], plan: Plan) -> None:
+        """Everything in ``plan`` except the Job creation (see ``create_job``)."""
+        meta = stack.get("metadata") or {}
+        name, namespace = str(meta.get("name")), str(meta.get("namespace"))
+        resource_version = str(meta.get("resourceVersion") or "")
+        if plan.finalizer == "add":
+            finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+            updated = self._kube.merge_patch(
+                STACKS,
+                name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}},
+                namespace,
+                field_manager=FIELD_MANAGER_CONTROLLER,
+            )
+            resource_version = str(updated["metadata"]["resourceVersion"])
+        if plan.status is not None:
+            patch = merge_patch(stack.get("status") or {}, plan.status)
+            if patch:
+                self._kube.merge_patch(
+                    STACKS,
+                    name,
+                    {"metadata": {"resourceVersion": resource_version}, "status": patch},
+                    namespace,
+                    subresource="status",
+                    field_manager=FIELD_MANAGER_CONTROLLER,
+                )
+        for deletion in plan.delete_jobs:
+            with contextlib.suppress(NotFound):
+                self._kube.delete(
+                    JOBS,
+                    deletion.name,
+                    namespace,
+                    propagation="Foreground" if deletion.foreground else "Background",
+                    uid=deletion.uid or None,
+                )
+        for result_name in plan.delete_results:
+            with contextlib.suppress(NotFound):
+                self._kube.delete(CONFIGMAPS, result_name, namespace)
+        if plan.finalizer == "remove":
+            finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            self._kube.merge_patch(
+                STACKS,
+                name,
+                {
+                    "metadata": {
+                        "finalizers": finalizers or None,
+                        "resourceVersion": resource_version,
+                    }
+                },
+                namespace,
+                field_manager=FIELD_MANAGER_CONTROLLER,
+            )
+        for event in plan.events:
+            self._events.post(stack, event.type, event.reason, event.message)
+        for other, value in plan.prerequisite_requests.items():
+            with contextlib.suppress(NotFound):
+                self._kube.merge_patch(
+                    STACKS,
+                    other,
+                    {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: value}}},
+                    namespace,
+                    field_manager=FIELD_MANAGER_CONTROLLER,
+                )

@@ -1,0 +1,282 @@
+"""How a finished run becomes Stack status (pure).
+
+A run ends in exactly one ``Outcome``, whatever happened to it:
+
+- the runner wrote its result ConfigMap: the result, accepted only if the ConfigMap is
+  owned by this very Job (name and UID) and belongs to this Stack — even before the Job
+  controller marks the Job finished;
+- the Job ended without a (valid) result: a failure whose reason comes from the Job's
+  conditions — ``DeadlineExceeded`` for ``activeDeadlineSeconds``, ``Interrupted`` when the
+  pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain), otherwise
+  ``JobFailed`` with the Job controller's message;
+- the Job vanished (deleted by someone, garbage-collected): ``Interrupted``;
+- the run was cancelled on request: ``Cancelled``.
+
+So a Stack never waits on an object that is gone. ``folded_last_update`` then applies PKO's
+bookkeeping: consecutive failures are counted for the same generation, reconcile request
+and commit (a new commit resets the backoff); a success resets them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
+from pkobatch.controller.jobs import Run
+
+JSON = dict[str, Any]
+TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
+# Job condition reasons (batch/v1) and the pod failure policy's message for disruptions.
+JOB_REASON_DEADLINE: Final = "DeadlineExceeded"
+JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
+DISRUPTION_CONDITION: Final = "DisruptionTarget"
+_OUTPUT_KEY_INVALID: Final = re.compile(r"[^-._a-zA-Z0-9]")
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime(TIME_FORMAT)
+
+
+def parse_time(text: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API (None when absent or unreadable)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _condition(job: Mapping[str, Any], condition_type: str) -> Mapping[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == condition_type and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
+
+
+def job_deleting(job: Mapping[str, Any]) -> bool:
+    return bool((job.get("metadata") or {}).get("deletionTimestamp"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run ended."""
+
+    state: RunState
+    reason: str
+    message: str
+    finished_at: datetime
+    result: RunResult | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+
+def read_result(
+    configmap: Mapping[str, Any] | None, job: Mapping[str, Any], stack_uid: str
+) -> tuple[RunResult | None, str]:
+    """The run's result if ``configmap`` is the genuine result of ``job``; else a problem."""
+    if configmap is None:
+        return None, ""
+    job_meta = job.get("metadata") or {}
+    meta = configmap.get("metadata") or {}
+    owned = any(
+        owner.get("kind") == "Job"
+        and owner.get("name") == job_meta.get("name")
+        and owner.get("uid") == job_meta.get("uid")
+        for owner in meta.get("ownerReferences") or ()
+    )
+    if meta.get("name") != job_meta.get("name") or not owned:
+        return None, (
+            f"ConfigMap {meta.get('name')} is not owned by Job {job_meta.get('name')} "
+            f"(uid {job_meta.get('uid')}); it was ignored"
+        )
+    text = (configmap.get("data") or {}).get(RESULT_KEY)
+    if not text:
+        return None, f"ConfigMap {meta.get('name')} has no {RESULT_KEY}"
+    try:
+        result = RunResult.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return None, (
+            f"{RESULT_KEY} of {meta.get('name')} is not a result this controller understands "
+            f"({where}: {first['msg']}); make sure the runner image matches the controller"
+        )
+    if result.job_name != job_meta.get("name") or (
+        stack_uid and result.stack.uid and result.stack.uid != stack_uid
+    ):
+        return None, f"{RESULT_KEY} of {meta.get('name')} was written for another run; ignored"
+    return result, ""
+
+
+def job_outcome(
+    job: Mapping[str, Any],
+    configmap: Mapping[str, Any] | None,
+    stack_uid: str,
+    now: datetime,
+) -> Outcome | None:
+    """The outcome of a run: its result as soon as the runner wrote it (the runner writes
+    it last, and the Job controller may mark the Job finished much later under load), else
+    what the finished Job says; None while it runs."""
+    result, problem = read_result(configmap, job, stack_uid)
+    complete = _condition(job, "Complete")
+    failed = _condition(job, "Failed")
+    ended = complete or failed or {}
+    finished_at = parse_time(ended.get("lastTransitionTime")) or now
+    if result is not None:
+        return Outcome(
+            state=result.state,
+            reason=result.reason,
+            message=result.message,
+            finished_at=result.end_time or finished_at,
+            result=result,
+        )
+    if complete is None and failed is None:
+        return None
+    name = (job.get("metadata") or {}).get("name")
+    suffix = f" ({problem})" if problem else ""
+    if failed is not None:
+        reason = str(failed.get("reason") or "")
+        detail = str(failed.get("message") or "")
+        if reason == JOB_REASON_DEADLINE:
+            deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            return Outcome(
+                "failed",
+                "DeadlineExceeded",
+                f"run {name} exceeded its deadline of {deadline}s and was stopped; raise "
+                f"spec.timeoutSeconds if the operation needs longer{suffix}",
+                finished_at,
+            )
+        if reason == JOB_REASON_POD_FAILURE_POLICY and DISRUPTION_CONDITION in detail:
+            return Outcome(
+                "failed",
+                "Interrupted",
+                f"run {name} was interrupted (eviction, preemption or node drain): {detail}; "
+                f"it will be retried{suffix}",
+                finished_at,
+            )
+        return Outcome(
+            "failed",
+            "JobFailed",
+            f"run {name} failed without a result ({reason or 'Failed'}: {detail}); see "
+            f"`pkobatch logs` or the Job's pod for the cause (image pull, OOM, crash){suffix}",
+            finished_at,
+        )
+    return Outcome(
+        "failed",
+        "JobFailed",
+        f"run {name} completed without writing its result ConfigMap{suffix}",
+        finished_at,
+    )
+
+
+def vanished_outcome(job_name: str, now: datetime) -> Outcome:
+    return Outcome(
+        "failed",
+        "Interrupted",
+        f"run {job_name} disappeared before reporting a result (its Job was deleted); "
+        "it will be retried",
+        now,
+    )
+
+
+def cancelled_outcome(job_name: str, request: str, now: datetime) -> Outcome:
+    return Outcome("failed", "Cancelled", f"run {job_name} was cancelled ({request})", now)
+
+
+def same_commit(first: str, second: str) -> bool:
+    """Equal revisions; an abbreviated SHA (spec.commit) matches its full form."""
+    if not first or not second:
+        return first == second
+    return first.startswith(second) or second.startswith(first)
+
+
+def same_attempt_key(previous: Mapping[str, Any], run: Run, commit: str) -> bool:
+    """Failures are counted for the same generation, reconcile request and commit."""
+    return (
+        previous.get("generation") == run.generation
+        and (previous.get("reconcileRequest") or "") == run.reconcile_request
+        and same_commit(str(previous.get("lastAttemptedCommit") or ""), commit)
+    )
+
+
+def folded_last_update(
+    previous: Mapping[str, Any] | None, run: Run, job_name: str, outcome: Outcome
+) -> JSON:
+    """``status.lastUpdate`` after ``run`` ended with ``outcome`` (PKO's fields)."""
+    previous = previous or {}
+    result = outcome.result
+    commit = (result.commit if result is not None and result.commit else "") or run.commit
+    if outcome.succeeded:
+        failures = 0
+        successful_commit = commit
+    else:
+        failures = (
+            int(previous.get("failures") or 0) + 1
+            if previous and same_attempt_key(previous, run, commit)
+            else 0
+        )
+        successful_commit = str(previous.get("lastSuccessfulCommit") or "")
+    return {
+        "generation": run.generation,
+        "reconcileRequest": run.reconcile_request,
+        "name": job_name,
+        "type": run.operation,
+        "state": outcome.state,
+        "message": outcome.message,
+        "lastAttemptedCommit": commit,
+        "lastSuccessfulCommit": successful_commit,
+        "permalink": result.permalink if result is not None else "",
+        "lastResyncTime": format_time(outcome.finished_at),
+        "failures": failures,
+    }
+
+
+def sanitize_output_key(key: str) -> str:
+    """PKO's rule: characters outside ``[-._a-zA-Z0-9]`` become ``_``."""
+    return _OUTPUT_KEY_INVALID.sub("_", key)
+
+
+def folded_outputs(previous: Mapping[str, Any] | None, run: Run, outcome: Outcome) -> JSON | None:
+    """``status.outputs``: replaced by a successful up, emptied by a successful destroy.
+
+    Secret outputs are masked again here: status must never hold a secret value, even if a
+    runner forgot to redact one.
+    """
+    result = outcome.result
+    if not outcome.succeeded or result is None:
+        return dict(previous) if previous is not None else None
+    if run.operation == "destroy":
+        return {}
+    if run.operation != "up":
+        return dict(previous) if previous is not None else None
+    secret = set(result.secret_outputs)
+    return {
+        sanitize_output_key(key): SECRET_PLACEHOLDER if key in secret else value
+        for key, value in sorted(result.outputs.items())
+    }
+
+
+def metric_result(outcome: Outcome) -> str:
+    """The ``result`` label of ``pkobatch_stack_operations_total``."""
+    if outcome.succeeded:
+        return "succeeded"
+    return {
+        "UpdateConflict": "conflict",
+        "Cancelled": "cancelled",
+        "DeadlineExceeded": "timeout",
+    }.get(outcome.reason, "failed")

@@ -1,0 +1,511 @@
+"""The Job of one run, built by a pure function from the template, settings and Stack.
+
+Layers, each applied over the previous one:
+
+1. the Job template (``job_template.yaml`` in this package, or ``Settings.job.template_file``);
+2. what the controller owns: name, labels, owner, deadlines, image, command with the
+   ``RunSnapshot``, ServiceAccount, and the environment that carries credentials;
+3. ``spec.workspaceTemplate.spec`` (PKO's mappable fields: image, pull policy, resources,
+   env, envFrom, podTemplate);
+4. ``spec.jobTemplate`` (pkobatch: labels, annotations, pod spec fields);
+5. the invariants again (labels, ``restartPolicy: Never``, ``backoffLimit: 0``, the runner
+   command), so no template can break the run contract.
+
+Secrets never pass through here as values: every credential becomes a ``secretKeyRef`` or
+``envFrom.secretRef`` resolved by the kubelet, and the snapshot names the environment
+variables that hold them. References are ``optional`` so a missing Secret or ConfigMap
+makes the run fail fast with the runner's message instead of leaving the pod stuck in
+``CreateContainerConfigError`` until the deadline.
+
+Job names are deterministic — ``<stack>-<operation>-<hash of (uid, generation, reconcile
+request, trigger)>`` — so a retry after a crash or on a stale cache gets ``AlreadyExists``
+instead of starting a second run.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Final, Literal
+
+import yaml
+
+from pkobatch.api.constants import (
+    API_VERSION,
+    JOB_STACK_UID_ANNOTATION,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    MAX_LABEL_VALUE_LENGTH,
+    OPERATION_LABEL,
+    PREFIX,
+    STACK_LABEL,
+    STACK_NAME_ANNOTATION,
+    Operation,
+)
+from pkobatch.api.run import GitAuthEnv, ProjectInfo, RunSnapshot, StackRef, ValueFromEnv
+from pkobatch.api.stack import ResourceRef, StackSpec
+from pkobatch.config import JobSettings
+
+JSON = dict[str, Any]
+RUN_ANNOTATION: Final = f"{PREFIX}/run"
+CONTAINER_NAME: Final = "pulumi"
+SNAPSHOT_FLAG: Final = "--snapshot"
+TEMPLATE_RESOURCE: Final = "job_template.yaml"
+MAX_NAME_LENGTH: Final = 63
+_HASH_LENGTH: Final = 10
+
+# Environment variables the builder fills from references (values never pass through here).
+ENV_BACKEND: Final = "PULUMI_BACKEND_URL"
+ENV_ACCESS_TOKEN: Final = "PULUMI_ACCESS_TOKEN"
+ACCESS_TOKEN_KEY: Final = "accessToken"
+ENV_CONFIG_PREFIX: Final = "PKOBATCH_CONFIG_"
+ENV_SECRET_PREFIX: Final = "PKOBATCH_SECRET_"
+ENV_GIT_USERNAME: Final = "PKOBATCH_GIT_USERNAME"
+ENV_GIT_PASSWORD: Final = "PKOBATCH_GIT_PASSWORD"
+ENV_GIT_TOKEN: Final = "PKOBATCH_GIT_TOKEN"
+ENV_GIT_SSH_PRIVATE_KEY: Final = "PKOBATCH_GIT_SSH_PRIVATE_KEY"
+ENV_GIT_SSH_PASSPHRASE: Final = "PKOBATCH_GIT_SSH_PASSPHRASE"
+# Read by the runner (pkobatch.runner.cancel) to pace a clean Pulumi cancellation.
+ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
+
+RunKind = Literal["sync", "request", "drift"]
+"""Why a run exists: the Stack's normal operation, a CLI operation request, a drift check."""
+# Trigger of the update that remediates drift; it always refreshes first.
+REMEDIATE_TRIGGER_PREFIX: Final = "remediate:"
+
+
+class JobBuildError(ValueError):
+    """The Stack asks for something a Job cannot do; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one Job runs; stored on the Job (annotation ``pkobatch.io/run``) for adoption."""
+
+    operation: Operation
+    kind: RunKind
+    generation: int
+    reconcile_request: str
+    commit: str
+    # Distinguishes runs of the same generation and request: the retry, commit, schedule
+    # time or request token that caused this run. Part of the Job name.
+    trigger: str
+    # The operation-request annotation value, for kind "request".
+    request: str = ""
+
+    def to_annotation(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_job(cls, job: Mapping[str, Any]) -> Run | None:
+        """The run a Job was created for; None for a Job pkobatch did not create."""
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(RUN_ANNOTATION)
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                operation=data["operation"],
+                kind=data["kind"],
+                generation=int(data["generation"]),
+                reconcile_request=str(data["reconcile_request"]),
+                commit=str(data["commit"]),
+                trigger=str(data["trigger"]),
+                request=str(data.get("request", "")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def short_hash(*parts: str, length: int = _HASH_LENGTH) -> str:
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return digest[:length]
+
+
+def stack_label_value(stack_name: str) -> str:
+    """The ``pkobatch.io/stack`` label value: the name, or a hashed form when too long."""
+    if len(stack_name) <= MAX_LABEL_VALUE_LENGTH:
+        return stack_name
+    keep = MAX_LABEL_VALUE_LENGTH - _HASH_LENGTH - 1
+    return f"{stack_name[:keep].rstrip('-.')}-{short_hash(stack_name)}"
+
+
+def job_name(stack_name: str, stack_uid: str, run: Run) -> str:
+    """Deterministic, at most 63 characters, unique per (Stack, generation, request, trigger)."""
+    digest = short_hash(
+        stack_uid, str(run.generation), run.reconcile_request, run.operation, run.kind, run.trigger
+    )
+    suffix = f"-{run.operation}-{digest}"
+    prefix = stack_name[: MAX_NAME_LENGTH - len(suffix)].rstrip("-.")
+    return f"{prefix}{suffix}"
+
+
+def run_labels(stack_name: str, operation: str) -> dict[str, str]:
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        STACK_LABEL: stack_label_value(stack_name),
+        OPERATION_LABEL: operation,
+    }
+
+
+@cache
+def _builtin_template_text() -> str:
+    return resources.files("pkobatch.controller").joinpath(TEMPLATE_RESOURCE).read_text()
+
+
+def parse_template(text: str, source: str) -> JSON:
+    """A Job template from YAML; raises JobBuildError naming ``source`` when unusable."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise JobBuildError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != "Job":
+        raise JobBuildError(f"{source}: must be a batch/v1 Job manifest (kind: Job)")
+    containers = (((data.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or []
+    if not any(isinstance(c, dict) and c.get("name") == CONTAINER_NAME for c in containers):
+        raise JobBuildError(f"{source}: needs a container named {CONTAINER_NAME!r}")
+    return data
+
+
+def builtin_template() -> JSON:
+    return parse_template(_builtin_template_text(), f"pkobatch/controller/{TEMPLATE_RESOURCE}")
+
+
+def merge_named(base: Any, patch: Any) -> Any:
+    """Merge ``patch`` over ``base`` like a strategic merge of pod specs.
+
+    Maps merge recursively; lists whose items all have a ``name`` (containers, env,
+    volumes, volumeMounts) merge item by item; any other list, and scalars, are replaced.
+    Returns a new value; the inputs are not modified.
+    """
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = copy.deepcopy(base)
+        for key, value in patch.items():
+            merged[key] = merge_named(base[key], value) if key in base else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and _named(base) and _named(patch):
+        merged_list = copy.deepcopy(base)
+        positions = {item["name"]: index for index, item in enumerate(merged_list)}
+        for item in patch:
+            if item["name"] in positions:
+                index = positions[item["name"]]
+                merged_list[index] = merge_named(merged_list[index], item)
+            else:
+                positions[item["name"]] = len(merged_list)
+                merged_list.append(copy.deepcopy(item))
+        return merged_list
+    return copy.deepcopy(patch)
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(item, dict) and "name" in item for item in items)
+
+
+# ---------------------------------------------------------------------------------------
+# Credentials: references only
+# ---------------------------------------------------------------------------------------
+
+
+def _secret_ref(name: str, key: str) -> JSON:
+    return {"secretKeyRef": {"name": name, "key": key, "optional": True}}
+
+
+def _ref_env(env_name: str, ref: ResourceRef, path: str) -> JSON:
+    """An EnvVar for a Secret or Literal ResourceRef (other types fail validation earlier)."""
+    if ref.type == "Secret" and ref.secret is not None:
+        return {"name": env_name, "valueFrom": _secret_ref(ref.secret.name, ref.secret.key)}
+    if ref.type == "Literal" and ref.literal is not None:
+        return {"name": env_name, "value": ref.literal.value}
+    raise JobBuildError(f"{path}: use type Secret (secret: {{name, key}}) or type Literal")
+
+
+@dataclass
+class _Environment:
+    env: list[JSON]
+    env_from: list[JSON]
+    config_from_env: dict[str, ValueFromEnv]
+    git_auth: GitAuthEnv | None
+
+
+def _environment(spec: StackSpec, workspace_env: list[JSON]) -> _Environment:
+    env: list[JSON] = []
+    env_from: list[JSON] = []
+    explicit = {*(spec.env_refs or {}), *(str(item.get("name")) for item in workspace_env)}
+    if spec.backend:
+        env.append({"name": ENV_BACKEND, "value": spec.backend})
+    for name in spec.envs or ():
+        env_from.append({"configMapRef": {"name": name, "optional": True}})
+    for name in spec.env_secrets or ():
+        env_from.append({"secretRef": {"name": name, "optional": True}})
+    if ENV_ACCESS_TOKEN not in explicit:
+        # PKO v1 read key accessToken of these Secrets as the Pulumi access token.
+        token_secrets = [*(spec.env_secrets or ())]
+        if spec.access_token_secret:
+            token_secrets.append(spec.access_token_secret)
+        for name in token_secrets:
+            env.append({"name": ENV_ACCESS_TOKEN, "valueFrom": _secret_ref(name, ACCESS_TOKEN_KEY)})
+    for key, ref in sorted((spec.env_refs or {}).items()):
+        env.append(_ref_env(key, ref, f"spec.envRefs.{key}"))
+
+    config_from_env: dict[str, ValueFromEnv] = {}
+    for index, (key, cm_ref) in enumerate(sorted((spec.config_ref or {}).items())):
+        env_name = f"{ENV_CONFIG_PREFIX}{index}"
+        env.append(
+            {
+                "name": env_name,
+                "valueFrom": {
+                    "configMapKeyRef": {"name": cm_ref.name, "key": cm_ref.key, "optional": True}
+                },
+            }
+        )
+        config_from_env[key] = ValueFromEnv(env=env_name, json_value=bool(cm_ref.json_value))
+    for index, (key, ref) in enumerate(sorted((spec.secrets_ref or {}).items())):
+        env_name = f"{ENV_SECRET_PREFIX}{index}"
+        env.append(_ref_env(env_name, ref, f"spec.secretsRef.{key}"))
+        config_from_env[key] = ValueFromEnv(env=env_name, secret=True)
+
+    git_env, git_auth = _git_auth(spec)
+    env.extend(git_env)
+    return _Environment(env, env_from, config_from_env, git_auth)
+
+
+def _git_auth(spec: StackSpec) -> tuple[list[JSON], GitAuthEnv | None]:
+    auth = spec.git_auth
+    if auth is not None:
+        if auth.github_app is not None:
+            raise JobBuildError(
+                "spec.gitAuth.githubApp is not supported by pkobatch yet: use accessToken "
+                "with an installation token, sshAuth or basicAuth"
+            )
+        if auth.ssh_auth is not None:
+            env = [_ref_env(ENV_GIT_SSH_PRIVATE_KEY, auth.ssh_auth.ssh_private_key, "sshAuth")]
+            names: dict[str, str] = {"sshPrivateKeyEnv": ENV_GIT_SSH_PRIVATE_KEY}
+            if auth.ssh_auth.password is not None:
+                env.append(_ref_env(ENV_GIT_SSH_PASSPHRASE, auth.ssh_auth.password, "sshAuth"))
+                names["sshPassphraseEnv"] = ENV_GIT_SSH_PASSPHRASE
+            return env, GitAuthEnv.model_validate(names)
+        if auth.access_token is not None:
+            env = [_ref_env(ENV_GIT_TOKEN, auth.access_token, "spec.gitAuth.accessToken")]
+            return env, GitAuthEnv.model_validate({"tokenEnv": ENV_GIT_TOKEN})
+        if auth.basic_auth is not None:
+            env = [
+                _ref_env(ENV_GIT_USERNAME, auth.basic_auth.user_name, "basicAuth.userName"),
+                _ref_env(ENV_GIT_PASSWORD, auth.basic_auth.password, "basicAuth.password"),
+            ]
+            return env, GitAuthEnv.model_validate(
+                {"usernameEnv": ENV_GIT_USERNAME, "passwordEnv": ENV_GIT_PASSWORD}
+            )
+        return [], None
+    if spec.git_auth_secret:
+        # Deprecated form: the runner picks ssh, then token, then basic by which keys exist.
+        secret = spec.git_auth_secret
+        env = [
+            {"name": ENV_GIT_SSH_PRIVATE_KEY, "valueFrom": _secret_ref(secret, "sshPrivateKey")},
+            {"name": ENV_GIT_PASSWORD, "valueFrom": _secret_ref(secret, "password")},
+            {"name": ENV_GIT_TOKEN, "valueFrom": _secret_ref(secret, "accessToken")},
+            {"name": ENV_GIT_USERNAME, "valueFrom": _secret_ref(secret, "username")},
+        ]
+        return env, GitAuthEnv.model_validate(
+            {
+                "sshPrivateKeyEnv": ENV_GIT_SSH_PRIVATE_KEY,
+                "sshPassphraseEnv": ENV_GIT_PASSWORD,
+                "tokenEnv": ENV_GIT_TOKEN,
+                "usernameEnv": ENV_GIT_USERNAME,
+                "passwordEnv": ENV_GIT_PASSWORD,
+            }
+        )
+    return [], None
+
+
+# ---------------------------------------------------------------------------------------
+# The Job
+# ---------------------------------------------------------------------------------------
+
+
+def build_snapshot(
+    stack: Mapping[str, Any],
+    spec: StackSpec,
+    run: Run,
+    name: str,
+    project_info: ProjectInfo | None,
+    config_from_env: dict[str, ValueFromEnv],
+    git_auth: GitAuthEnv | None,
+) -> RunSnapshot:
+    meta = stack.get("metadata") or {}
+    manifest = spec.to_manifest()
+    if run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
+        manifest["refresh"] = True
+    return RunSnapshot(
+        operation=run.operation,
+        drift_check=run.kind == "drift",
+        stack=StackRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
+        job_name=name,
+        generation=run.generation,
+        reconcile_request=run.reconcile_request,
+        spec=manifest,
+        commit=run.commit,
+        project_info=project_info,
+        config_from_env=config_from_env,
+        git_auth=git_auth,
+        result_config_map=name,
+    )
+
+
+def _pulumi_container(pod_spec: JSON) -> JSON:
+    for container in pod_spec.get("containers") or []:
+        if container.get("name") == CONTAINER_NAME:
+            return dict(container)
+    raise JobBuildError(f"the Job template has no container named {CONTAINER_NAME!r}")
+
+
+def _replace_container(pod_spec: JSON, container: JSON) -> None:
+    pod_spec["containers"] = [
+        container if c.get("name") == CONTAINER_NAME else c for c in pod_spec["containers"]
+    ]
+
+
+def build_job(
+    stack: Mapping[str, Any],
+    spec: StackSpec,
+    run: Run,
+    settings: JobSettings,
+    template: Mapping[str, Any],
+    project_info: ProjectInfo | None = None,
+) -> JSON:
+    """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``)."""
+    meta = stack.get("metadata") or {}
+    stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
+    name = job_name(stack_name, uid, run)
+    labels = run_labels(stack_name, run.operation)
+    workspace = spec.workspace_template.spec if spec.workspace_template else None
+    workspace_env = copy.deepcopy((workspace.env if workspace else None) or [])
+    environment = _environment(spec, workspace_env)
+    snapshot = build_snapshot(
+        stack, spec, run, name, project_info, environment.config_from_env, environment.git_auth
+    )
+    annotations = {JOB_STACK_UID_ANNOTATION: uid, RUN_ANNOTATION: run.to_annotation()}
+    if labels[STACK_LABEL] != stack_name:
+        annotations[STACK_NAME_ANNOTATION] = stack_name
+
+    job: JSON = copy.deepcopy(dict(template))
+    pod_template: JSON = job.setdefault("spec", {}).setdefault("template", {})
+    pod_spec: JSON = pod_template.setdefault("spec", {})
+    container = _pulumi_container(pod_spec)
+
+    container["image"] = (workspace.image if workspace else None) or settings.image
+    container["imagePullPolicy"] = (
+        workspace.image_pull_policy if workspace else None
+    ) or settings.image_pull_policy
+    if workspace is not None and workspace.resources is not None:
+        container["resources"] = copy.deepcopy(workspace.resources)
+    container["env"] = [
+        *(container.get("env") or []),
+        *workspace_env,
+        *environment.env,
+    ]
+    container["envFrom"] = [
+        *(container.get("envFrom") or []),
+        *copy.deepcopy((workspace.env_from if workspace else None) or []),
+        *environment.env_from,
+    ]
+    if not container["envFrom"]:
+        del container["envFrom"]
+    _replace_container(pod_spec, container)
+    pod_spec["serviceAccountName"] = (
+        spec.service_account_name
+        or (workspace.service_account_name if workspace else None)
+        or settings.service_account
+    )
+    pod_spec["terminationGracePeriodSeconds"] = int(
+        settings.termination_grace_period.total_seconds()
+    )
+
+    if workspace is not None and workspace.pod_template:
+        patched = merge_named(pod_template, workspace.pod_template)
+        pod_template.clear()
+        pod_template.update(patched)
+    job_template = spec.job_template
+    if job_template is not None:
+        if job_template.spec:
+            pod_template["spec"] = merge_named(pod_template.get("spec") or {}, job_template.spec)
+        if job_template.metadata is not None:
+            for field in ("labels", "annotations"):
+                extra = getattr(job_template.metadata, field) or {}
+                for target in (
+                    job.setdefault("metadata", {}),
+                    pod_template.setdefault("metadata", {}),
+                ):
+                    target[field] = {**(target.get(field) or {}), **extra}
+
+    _apply_invariants(job, pod_template, name, namespace, labels, annotations, stack_name, uid)
+    job_spec = job["spec"]
+    job_spec["activeDeadlineSeconds"] = int(
+        spec.timeout_seconds or settings.active_deadline.total_seconds()
+    )
+    job_spec["ttlSecondsAfterFinished"] = int(settings.ttl_after_finished.total_seconds())
+    runner = _pulumi_container(pod_template["spec"])
+    # The runner scrubs the values of these variables from everything it writes.
+    secret_env = sorted(
+        {
+            str(e["name"])
+            for e in runner.get("env") or []
+            if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
+    )
+    snapshot = snapshot.model_copy(update={"secret_env": secret_env})
+    runner["command"] = list(settings.command)
+    runner["args"] = [SNAPSHOT_FLAG, snapshot.model_dump_json(by_alias=True, exclude_none=True)]
+    # The runner's cancellation budget is the grace period the pod really gets.
+    grace = pod_template["spec"].get("terminationGracePeriodSeconds")
+    runner["env"] = [
+        *(e for e in runner.get("env") or [] if e.get("name") != ENV_GRACE_PERIOD),
+        {"name": ENV_GRACE_PERIOD, "value": str(grace)},
+    ]
+    _replace_container(pod_template["spec"], runner)
+    return job
+
+
+def _apply_invariants(
+    job: JSON,
+    pod_template: JSON,
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    stack_name: str,
+    uid: str,
+) -> None:
+    job["apiVersion"] = "batch/v1"
+    job["kind"] = "Job"
+    metadata = job.setdefault("metadata", {})
+    for transient in ("resourceVersion", "uid", "creationTimestamp", "generateName"):
+        metadata.pop(transient, None)
+    metadata["name"] = name
+    metadata["namespace"] = namespace
+    metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    metadata["ownerReferences"] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": stack_name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    pod_meta = pod_template.setdefault("metadata", {})
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+    job["spec"]["backoffLimit"] = 0
+    job["spec"].pop("selector", None)
+    job["spec"].pop("manualSelector", None)
+    pod_template.setdefault("spec", {})["restartPolicy"] = "Never"

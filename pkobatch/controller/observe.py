@@ -1,0 +1,119 @@
+"""Observe: everything ``plan`` needs about one Stack, from the stores (plus rare live reads).
+
+The stores are eventually consistent, and Jobs, ConfigMaps and Stacks arrive on separate
+watches. Two gaps matter because ``plan`` would otherwise draw a wrong, irreversible
+conclusion, so they are closed with a live ``get``:
+
+- the Job named in ``status.currentUpdate`` is not in the store: it may just have been
+  created (its watch event is behind the Stack's) — only a 404 makes it "vanished";
+- that Job has finished but its result ConfigMap is not in the store: the runner wrote it
+  before exiting, so only a 404 means "no result".
+
+Only objects owned by this Stack's UID count: the Jobs of a deleted Stack that had the same
+name are not adopted by its successor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
+from pkobatch.controller.fold import job_finished
+from pkobatch.controller.plan import Observed
+from pkobatch.controller.polling import GitPoller, poll_key
+from pkobatch.kube.client import CONFIGMAPS, JOBS, NAMESPACES, Kube, KubeError, NotFound
+from pkobatch.runtime.interfaces import StackKey, Stores
+
+JSON = dict[str, Any]
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    meta = obj.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(JOB_STACK_UID_ANNOTATION) == uid:
+        return True
+    return any(owner.get("uid") == uid for owner in meta.get("ownerReferences") or ())
+
+
+class Observer:
+    def __init__(self, kube: Kube, stores: Stores, poller: GitPoller) -> None:
+        self._kube = kube
+        self._stores = stores
+        self._poller = poller
+
+    def observe(self, key: StackKey, now: datetime) -> Observed | None:
+        """What ``plan`` needs about ``key``; None when the Stack does not exist."""
+        stack = self._stores.stacks.get(key.namespace, key.name)
+        if stack is None:
+            self._poller.forget(key)
+            return None
+        meta = stack.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        spec = stack.get("spec") or {}
+        jobs = {
+            str(job["metadata"]["name"]): job
+            for job in self._stores.jobs.for_stack(key.namespace, key.name)
+            if job.get("kind", "Job") == "Job" and owned_by(job, uid)
+        }
+        results = {
+            str(cm["metadata"]["name"]): cm
+            for cm in self._stores.configmaps.for_stack(key.namespace, key.name)
+        }
+        current = str(((stack.get("status") or {}).get("currentUpdate") or {}).get("name") or "")
+        if current and current not in jobs:
+            live = self._get(JOBS, current, key.namespace)
+            if live is not None and owned_by(live, uid):
+                jobs[current] = live
+        job = jobs.get(current)
+        if job is not None and job_finished(job) and current not in results:
+            live_result = self._get(CONFIGMAPS, current, key.namespace)
+            if live_result is not None:
+                results[current] = live_result
+
+        source = None
+        polled = poll_key(key.namespace, spec)
+        if polled is None:
+            self._poller.forget(key)
+        else:
+            resync = spec.get("resyncFrequencySeconds")
+            source = self._poller.head(key, polled, float(resync) if resync else None)
+
+        prerequisites: dict[str, Mapping[str, Any] | None] = {}
+        for item in spec.get("prerequisites") or ():
+            if isinstance(item, Mapping) and item.get("name"):
+                name = str(item["name"])
+                prerequisites[name] = self._stores.stacks.get(key.namespace, name)
+
+        return Observed(
+            stack=stack,
+            jobs=list(jobs.values()),
+            results=results,
+            now=now,
+            source=source,
+            prerequisites=prerequisites,
+            namespace_terminating=self._namespace_terminating(stack),
+        )
+
+    def _get(self, resource: Any, name: str, namespace: str) -> JSON | None:
+        try:
+            return self._kube.get(resource, name, namespace)
+        except NotFound:
+            return None
+
+    def _namespace_terminating(self, stack: Mapping[str, Any]) -> bool:
+        """Only asked when it matters: a Stack being deleted that must run a destroy."""
+        meta = stack.get("metadata") or {}
+        spec = stack.get("spec") or {}
+        if not meta.get("deletionTimestamp") or FINALIZER not in (meta.get("finalizers") or ()):
+            return False
+        if not (spec.get("destroyOnFinalize") or spec.get("destroyOnDelete")):
+            return False
+        try:
+            namespace = self._kube.get(NAMESPACES, str(meta.get("namespace")))
+        except KubeError:
+            return False
+        return bool(
+            namespace.get("metadata", {}).get("deletionTimestamp")
+            or (namespace.get("status") or {}).get("phase") == "Terminating"
+        )

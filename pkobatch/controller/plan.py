@@ -1,0 +1,1090 @@
+"""The reconcile decision: observed objects in, actions out (pure).
+
+``plan(observed, settings, template)`` reads one Stack with its Jobs and result ConfigMaps
+(and the polled branch head, its prerequisites, whether a run slot is free) and returns a
+``Plan``: the complete desired status, at most one Job to create, Jobs to delete, the
+finalizer change, Events, prerequisite pokes, and when to look again. It never blocks and
+never does I/O, so every rule below has unit tests.
+
+Order of the decision, which is also the order of priority:
+
+1. **Settle the current run.** ``status.currentUpdate`` names the Stack's Job. If it has
+   finished, fold its result (or the reason it has none); if it has vanished, fold an
+   ``Interrupted`` failure. With no current run but an active Job of this Stack (a crash
+   between creating the Job and writing status), adopt that Job.
+2. **Deletion.** ``pkobatch.io/abandon`` drops the finalizer. Otherwise wait for a running
+   Job, then remove the finalizer at once — unless ``destroyOnFinalize`` (and not
+   ``preview``) asks for a destroy first, retried with PKO's backoff; the finalizer goes
+   only after a destroy that succeeded.
+3. **Operation requests** (``pkobatch.io/operation-request: <op>:<token>``, see
+   docs/operations.md), handled once each, acknowledged in ``status.operationRequest``.
+4. **One run at a time.** While any Job of the Stack is active, nothing else starts.
+5. **Suspend**, **invalid spec**, **source** (branch head), **hold after a requested
+   destroy**, **prerequisites**.
+6. **PKO's sync decision** (``isSynced``): initial run, new generation, new reconcile
+   request, new commit, resync, retry after backoff — else Ready, retrying, or Stalled.
+7. **Schedules**: ``spec.schedule`` runs, drift remediation, drift checks.
+
+Job names are deterministic per decision, so when a Job with the name this decision would
+create already exists and has finished (its result was never folded), it is folded
+instead of starting another run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from pkobatch.api.conditions import (
+    find_condition,
+    mark_ready,
+    mark_reconciling,
+    mark_stalled,
+    remove_condition,
+    set_condition,
+)
+from pkobatch.api.constants import (
+    ABANDON_ANNOTATION,
+    CONDITION_DRIFTED,
+    CONDITION_READY,
+    CONDITION_RECONCILING,
+    CONDITION_STALLED,
+    EVENT_CONFIG_INVALID,
+    EVENT_CREATED,
+    EVENT_UPDATE_DETECTED,
+    EVENT_UPDATE_FAILURE,
+    FINALIZER,
+    OPERATION_REQUEST_ANNOTATION,
+    OPERATIONS,
+    RECONCILE_REQUEST_ANNOTATION,
+    RECONCILING_PREREQUISITE_REASON,
+    RECONCILING_PREVIEW_FAILED_REASON,
+    RECONCILING_PROCESSING_REASON,
+    RECONCILING_RETRY_REASON,
+    STALLED_DESTROY_HELD_REASON,
+    STALLED_NAMESPACE_TERMINATING_REASON,
+    STALLED_SOURCE_UNAVAILABLE_REASON,
+    STALLED_SPEC_INVALID_REASON,
+    STALLED_UPDATE_FAILED_REASON,
+    SUSPENDED_REASON,
+    Operation,
+)
+from pkobatch.api.durations import parse_duration
+from pkobatch.api.noop import noop_fields_in_use
+from pkobatch.api.run import ProjectInfo
+from pkobatch.api.stack import Condition, SpecCheck, StackSpec, load_stack_spec
+from pkobatch.config import Settings
+from pkobatch.controller.fold import (
+    Outcome,
+    cancelled_outcome,
+    folded_last_update,
+    folded_outputs,
+    format_time,
+    job_deleting,
+    job_finished,
+    job_outcome,
+    parse_time,
+    same_commit,
+    vanished_outcome,
+)
+from pkobatch.controller.jobs import (
+    REMEDIATE_TRIGGER_PREFIX,
+    JobBuildError,
+    Run,
+    RunKind,
+    build_job,
+    job_name,
+)
+from pkobatch.controller.schedule import (
+    cooldown,
+    drift_check_due,
+    next_schedule_times,
+    resync_frequency,
+    scheduled_run_due,
+)
+
+JSON = dict[str, Any]
+EventType = Literal["Normal", "Warning"]
+
+# How often to look again while waiting on something that sends no event of its own.
+PREREQUISITE_RECHECK: Final = 30.0
+SLOT_RECHECK: Final = 30.0
+NAMESPACE_RECHECK: Final = 30.0
+# Result ConfigMaps whose Job is gone are deleted after this age (never a fresh one whose
+# Job the cache has not shown yet).
+ORPHAN_RESULT_AGE: Final = timedelta(minutes=10)
+
+# Reasons of pkobatch's own Events and of the Drifted condition.
+EVENT_DESTROYED: Final = "StackDestroyed"
+EVENT_ABANDONED: Final = "FinalizerAbandoned"
+EVENT_DRIFT_DETECTED: Final = "DriftDetected"
+EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
+EVENT_SPEC_NOTES: Final = "SpecNotes"
+DRIFT_DETECTED_REASON: Final = "DriftDetected"
+NO_DRIFT_REASON: Final = "NoDrift"
+DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
+REMEDIATED_REASON: Final = "Remediated"
+
+RequestState = Literal["Pending", "Running", "Succeeded", "Failed", "Rejected"]
+REQUEST_OPERATIONS: Final = (*OPERATIONS, "cancel")
+SCHEDULE_TRIGGER_PREFIX: Final = "schedule:"
+DRIFT_TRIGGER_PREFIX: Final = "drift:"
+
+
+@dataclass(frozen=True)
+class SourceHead:
+    """The polled head of the branch a Stack tracks (``commit`` None: not known yet)."""
+
+    commit: str | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything ``plan`` may look at, read from the stores (and a few live reads)."""
+
+    stack: Mapping[str, Any]
+    jobs: Sequence[Mapping[str, Any]]
+    # The Stack's result ConfigMaps by name (name == Job name).
+    results: Mapping[str, Mapping[str, Any]]
+    now: datetime
+    # For a Stack tracking a branch; None when the Stack tracks none.
+    source: SourceHead | None = None
+    # The Stacks named in spec.prerequisites (None: does not exist).
+    prerequisites: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    namespace_terminating: bool = False
+    # False when the cluster-wide cap of active Jobs is reached (see reconcile.Admission).
+    slot_available: bool = True
+    # The API server's message when it refused the Job this decision creates.
+    job_rejected: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobDeletion:
+    name: str
+    uid: str
+    # Foreground for a cancelled run: the Job stays (and blocks new runs) until its pod
+    # is gone, so two Pulumi processes never work on one stack.
+    foreground: bool = False
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run folded in this reconcile (for metrics and for waking dependent Stacks)."""
+
+    run: Run
+    job_name: str
+    outcome: Outcome
+    started_at: datetime | None
+
+
+@dataclass
+class Plan:
+    status: JSON | None
+    """The desired status; None: leave status alone (the Stack is going away)."""
+    finalizer: Literal["add", "remove"] | None = None
+    create_job: JSON | None = None
+    run: Run | None = None
+    delete_jobs: list[JobDeletion] = field(default_factory=list)
+    delete_results: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    # Prerequisite Stack name -> new value of its reconciliation-request annotation.
+    prerequisite_requests: dict[str, str] = field(default_factory=dict)
+    finished: list[FinishedRun] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+def plan(observed: Observed, settings: Settings, template: Mapping[str, Any]) -> Plan:
+    return _Planner(observed, settings, template).plan()
+
+
+class _Refold(Exception):
+    """The Job this decision would create exists and has finished: fold it and decide again."""
+
+    def __init__(self, job: Mapping[str, Any]) -> None:
+        super().__init__(job.get("metadata", {}).get("name"))
+        self.job = job
+
+
+def _truncated(moment: datetime) -> datetime:
+    """Kubernetes timestamps have whole seconds; status must not change on every pass."""
+    return moment.replace(microsecond=0)
+
+
+def _parse_conditions(raw: Any) -> list[Condition]:
+    conditions = []
+    for item in raw or ():
+        try:
+            conditions.append(Condition.model_validate(item))
+        except ValueError:
+            continue
+    return conditions
+
+
+def _creation(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+class _Planner:
+    def __init__(self, observed: Observed, settings: Settings, template: Mapping[str, Any]):
+        self.obs = observed
+        self.settings = settings
+        self.template = template
+        self.now = _truncated(observed.now)
+        stack = observed.stack
+        self.meta: Mapping[str, Any] = stack.get("metadata") or {}
+        self.name = str(self.meta.get("name"))
+        self.namespace = str(self.meta.get("namespace"))
+        self.uid = str(self.meta.get("uid") or "")
+        self.generation = int(self.meta.get("generation") or 0)
+        self.annotations: Mapping[str, str] = self.meta.get("annotations") or {}
+        self.request = str(self.annotations.get(RECONCILE_REQUEST_ANNOTATION) or "")
+        self.old_status: Mapping[str, Any] = stack.get("status") or {}
+        self.status: JSON = copy.deepcopy(dict(self.old_status))
+        self.conditions = _parse_conditions(self.status.get("conditions"))
+        self.check: SpecCheck = load_stack_spec(stack.get("spec") or {}, self.namespace)
+        self.spec: StackSpec | None = self.check.spec if self.check.valid else None
+        self.jobs = {str(j["metadata"]["name"]): j for j in observed.jobs}
+        self.result = Plan(status=self.status)
+        self.requeue: list[float] = []
+        # A Job whose run is recorded but whose pod is still stopping: no new run yet.
+        self.stopping = ""
+
+    # -- entry ---------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        deleting = bool(self.meta.get("deletionTimestamp"))
+        finalizers = self.meta.get("finalizers") or []
+        if deleting and FINALIZER not in finalizers:
+            return Plan(status=None)
+        if not deleting and FINALIZER not in finalizers:
+            self.result.finalizer = "add"
+        self._observe_generation()
+        self._settle_current()
+        for _ in range(3):
+            try:
+                if deleting:
+                    self._finalize()
+                else:
+                    self._reconcile()
+                break
+            except _Refold as refold:
+                self._fold_job(refold.job)
+        self._prune_history()
+        self.status["conditions"] = [c.to_manifest() for c in self.conditions]
+        if not self.status["conditions"]:
+            del self.status["conditions"]
+        if self.result.status is not None:
+            self.result.status = self.status
+        positive = [r for r in self.requeue if r is not None]
+        self.result.requeue_after = max(1.0, min(positive)) if positive else None
+        return self.result
+
+    # -- bookkeeping helpers ---------------------------------------------------------------
+
+    def _event(self, event_type: EventType, reason: str, message: str) -> None:
+        self.result.events.append(Event(event_type, reason, message))
+
+    def _requeue_in(self, delay: timedelta | float) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        self.requeue.append(max(seconds, 1.0))
+
+    def _reconciling(self, reason: str, message: str) -> None:
+        self.conditions = mark_reconciling(
+            self.conditions, reason, message, now=self.now, observed_generation=self.generation
+        )
+
+    def _stalled(self, reason: str, message: str, event_reason: str | None = None) -> None:
+        previous = find_condition(self.conditions, CONDITION_STALLED)
+        self.conditions = mark_stalled(
+            self.conditions, reason, message, now=self.now, observed_generation=self.generation
+        )
+        changed = previous is None or (previous.reason, previous.message) != (reason, message)
+        if changed:
+            self._event("Warning", event_reason or reason, message)
+
+    def _ready(self) -> None:
+        self.conditions = mark_ready(
+            self.conditions, now=self.now, observed_generation=self.generation
+        )
+
+    def _observe_generation(self) -> None:
+        first_time = self.old_status.get("observedGeneration") != self.generation
+        self.status["observedGeneration"] = self.generation
+        self.status["observedReconcileRequest"] = self.request
+        if first_time and self.check.spec is not None:
+            notes = list(self.check.alias_notes)
+            notes += [
+                f"{n.path} is ignored: {n.reason}" for n in noop_fields_in_use(self.check.spec)
+            ]
+            if notes:
+                self._event("Normal", EVENT_SPEC_NOTES, "; ".join(notes))
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def _current_name(self) -> str:
+        return str((self.status.get("currentUpdate") or {}).get("name") or "")
+
+    def _blocking_job(self) -> Mapping[str, Any] | None:
+        """Any unfinished Job of the Stack, including one being deleted (its pod may run)."""
+        current = self.jobs.get(self._current_name())
+        if current is not None and not job_finished(current):
+            return current
+        active = [j for j in self.jobs.values() if not job_finished(j)]
+        return max(active, key=_creation) if active else None
+
+    def _run_of(self, name: str, job: Mapping[str, Any] | None) -> Run:
+        """The run a Job was for; inferred from status when the Job is gone."""
+        if job is not None:
+            run = Run.from_job(job)
+            if run is not None:
+                return run
+        current = self.status.get("currentUpdate") or {}
+        request = self.status.get("operationRequest") or {}
+        operation = _operation_from_name(name)
+        kind: RunKind = "sync"
+        if request.get("jobName") == name and request.get("operation") != "cancel":
+            kind = "request"
+        elif operation == "refresh":
+            kind = "drift"
+        return Run(
+            operation=operation,
+            kind=kind,
+            generation=int(current.get("generation") or self.generation),
+            reconcile_request=str(current.get("reconcileRequest") or ""),
+            commit=str(current.get("commit") or ""),
+            trigger="",
+            request=str(request.get("request") or "") if kind == "request" else "",
+        )
+
+    def _settle_current(self) -> None:
+        name = self._current_name()
+        if name:
+            job = self.jobs.get(name)
+            if job is None:
+                self._fold(self._run_of(name, None), name, vanished_outcome(name, self.now), None)
+            else:
+                self._fold_job(job)
+            return
+        recorded = {
+            (self.status.get(field) or {}).get(key)
+            for field, key in (
+                ("lastUpdate", "name"),
+                ("operationRequest", "jobName"),
+                ("lastDriftCheck", "name"),
+            )
+        }
+        orphans = [
+            j
+            for name, j in self.jobs.items()
+            if name not in recorded
+            and not job_finished(j)
+            and not job_deleting(j)
+            and Run.from_job(j) is not None
+        ]
+        if orphans:
+            job = max(orphans, key=_creation)
+            run = Run.from_job(job)
+            assert run is not None
+            self._set_current(run, str(job["metadata"]["name"]))
+
+    def _set_current(self, run: Run, name: str) -> None:
+        self.status["currentUpdate"] = {
+            "generation": run.generation,
+            "reconcileRequest": run.reconcile_request,
+            "name": name,
+            "commit": run.commit,
+        }
+
+    def _fold_job(self, job: Mapping[str, Any]) -> None:
+        name = str(job["metadata"]["name"])
+        outcome = job_outcome(job, self.obs.results.get(name), self.uid, self.now)
+        if outcome is None:
+            return
+        started = parse_time((job.get("status") or {}).get("startTime"))
+        self._fold(self._run_of(name, job), name, outcome, started)
+
+    def _fold(self, run: Run, name: str, outcome: Outcome, started: datetime | None) -> None:
+        """Record how run ``name`` ended, and clear ``currentUpdate`` if it was current."""
+        if self._current_name() == name:
+            self.status.pop("currentUpdate", None)
+        self.result.finished.append(FinishedRun(run, name, outcome, started))
+        result = outcome.result
+        if run.kind == "drift":
+            self._fold_drift(run, name, outcome)
+        elif _changes_stack(run):
+            previous = self.status.get("lastUpdate")
+            self.status["lastUpdate"] = folded_last_update(previous, run, name, outcome)
+            outputs = folded_outputs(self.status.get("outputs"), run, outcome)
+            if outputs is not None:
+                self.status["outputs"] = outputs
+            if outcome.succeeded and result is not None and result.project_info is not None:
+                self.status["projectInfo"] = result.project_info.model_dump(mode="json")
+            if outcome.succeeded and run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
+                self._drifted("False", REMEDIATED_REASON, f"drift was remediated by {name}")
+        request = self.status.get("operationRequest") or {}
+        # A newer request may already be recorded; only this run's own entry is updated.
+        if run.kind == "request" and request.get("request") in (None, "", run.request):
+            state: RequestState = "Succeeded" if outcome.succeeded else "Failed"
+            self.status["operationRequest"] = {
+                "request": run.request,
+                "operation": run.operation,
+                "state": state,
+                "jobName": name,
+                "message": outcome.message,
+            }
+        if run.trigger.startswith(SCHEDULE_TRIGGER_PREFIX):
+            self._record_schedule_time(run.trigger.removeprefix(SCHEDULE_TRIGGER_PREFIX))
+        if outcome.succeeded:
+            self._event("Normal", EVENT_CREATED, f"{run.operation} {name} succeeded")
+        else:
+            self._event(
+                "Warning", EVENT_UPDATE_FAILURE, f"{run.operation} {name} failed: {outcome.message}"
+            )
+
+    def _drifted(
+        self, status: Literal["True", "False", "Unknown"], reason: str, message: str
+    ) -> None:
+        self.conditions = set_condition(
+            self.conditions,
+            CONDITION_DRIFTED,
+            status,
+            reason,
+            message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+
+    def _fold_drift(self, run: Run, name: str, outcome: Outcome) -> None:
+        check = dict(self.status.get("lastDriftCheck") or {})
+        drifted = (outcome.result.drifted_resources if outcome.result else None) or 0
+        if run.trigger.startswith(DRIFT_TRIGGER_PREFIX):
+            check["scheduledTime"] = run.trigger.removeprefix(DRIFT_TRIGGER_PREFIX)
+        check.update(
+            {
+                "name": name,
+                "time": format_time(outcome.finished_at),
+                "state": outcome.state,
+                "driftedResources": drifted,
+                "message": outcome.message,
+            }
+        )
+        self.status["lastDriftCheck"] = check
+        if not outcome.succeeded:
+            self._drifted("Unknown", DRIFT_CHECK_FAILED_REASON, f"drift check {name} failed")
+        elif drifted:
+            message = f"{drifted} resource(s) drifted from the last update (check {name})"
+            self._drifted("True", DRIFT_DETECTED_REASON, message)
+            self._event("Warning", EVENT_DRIFT_DETECTED, message)
+        else:
+            self._drifted("False", NO_DRIFT_REASON, f"no drift found (check {name})")
+
+    def _start(self, run: Run, reason: str) -> bool:
+        """Plan the Job for ``run``; False when it cannot start now (the status says why)."""
+        assert self.spec is not None
+        name = job_name(self.name, self.uid, run)
+        existing = self.jobs.get(name)
+        if existing is not None and job_finished(existing):
+            raise _Refold(existing)
+        if self.stopping:
+            self._reconciling(
+                RECONCILING_PROCESSING_REASON,
+                f"waiting for run {self.stopping} to stop before starting {run.operation}",
+            )
+            return False
+        if not self.obs.slot_available:
+            self._reconciling(
+                RECONCILING_PROCESSING_REASON,
+                "waiting for a free run slot (the controller's max_active_jobs is reached)",
+            )
+            self._requeue_in(SLOT_RECHECK)
+            return False
+        project_info = None
+        if self.status.get("projectInfo"):
+            try:
+                project_info = ProjectInfo.model_validate(self.status["projectInfo"])
+            except ValueError:
+                project_info = None
+        try:
+            job = build_job(
+                self.obs.stack, self.spec, run, self.settings.job, self.template, project_info
+            )
+        except JobBuildError as exc:
+            self._stalled(STALLED_SPEC_INVALID_REASON, str(exc), EVENT_CONFIG_INVALID)
+            return False
+        if self.obs.job_rejected:
+            self._stalled(
+                STALLED_SPEC_INVALID_REASON,
+                f"the API server rejected the run's Job: {self.obs.job_rejected}; fix "
+                "spec.workspaceTemplate or spec.jobTemplate",
+                EVENT_CONFIG_INVALID,
+            )
+            return False
+        self.result.create_job = job
+        self.result.run = run
+        self._set_current(run, name)
+        if _changes_stack(run):
+            self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
+        self._event("Normal", EVENT_UPDATE_DETECTED, f"{reason}: starting {run.operation} {name}")
+        return True
+
+    # -- deletion ------------------------------------------------------------------------------
+
+    def _finalize(self) -> None:
+        abandon = str(self.annotations.get(ABANDON_ANNOTATION) or "").lower()
+        if abandon and abandon != "false":
+            self.result.finalizer = "remove"
+            self.result.status = None
+            self._event(
+                "Warning",
+                EVENT_ABANDONED,
+                f"finalizer removed on request ({ABANDON_ANNOTATION}); no destroy was run and "
+                "the stack's resources were left in place",
+            )
+            return
+        self._reject_request_while_deleting()
+        blocking = self._blocking_job()
+        if blocking is not None:
+            self._reconciling(
+                RECONCILING_PROCESSING_REASON,
+                f"waiting for run {blocking['metadata']['name']} to finish before deletion",
+            )
+            return
+        raw_spec = self.obs.stack.get("spec") or {}
+        destroy = bool(raw_spec.get("destroyOnFinalize") or raw_spec.get("destroyOnDelete"))
+        last = self.status.get("lastUpdate") or {}
+        if not destroy or raw_spec.get("preview") or not last:
+            self._release()
+            return
+        if last.get("type") == "destroy" and last.get("state") == "succeeded":
+            self._event("Normal", EVENT_DESTROYED, f"the stack was destroyed by {last.get('name')}")
+            self._release()
+            return
+        if self.spec is None:
+            self._stalled(
+                STALLED_SPEC_INVALID_REASON,
+                "cannot run the destroy on deletion: "
+                + "; ".join(self.check.problems)
+                + f"; fix the spec, or set the annotation {ABANDON_ANNOTATION}=true to delete "
+                "the Stack without destroying its resources",
+                EVENT_CONFIG_INVALID,
+            )
+            return
+        if self.obs.namespace_terminating:
+            self._stalled(
+                STALLED_NAMESPACE_TERMINATING_REASON,
+                f"namespace {self.namespace} is being deleted, so the destroy Job cannot start. "
+                f"Recovery: destroy the resources yourself (pulumi destroy --stack "
+                f"{self.spec.stack}), then run `kubectl annotate stack {self.name} -n "
+                f"{self.namespace} {ABANDON_ANNOTATION}=true` to release the finalizer",
+            )
+            self._requeue_in(NAMESPACE_RECHECK)
+            return
+        if (
+            last.get("type") == "destroy"
+            and last.get("state") == "failed"
+            and last.get("generation") == self.generation
+            and (last.get("reconcileRequest") or "") == self.request
+        ):
+            failures = int(last.get("failures") or 0)
+            if failures >= self.settings.retry.max_failures:
+                self._stalled(
+                    STALLED_UPDATE_FAILED_REASON,
+                    f"destroy failed {failures + 1} times; the finalizer stays so the "
+                    f"resources are not orphaned. Last error: {last.get('message')}. Fix the "
+                    f"cause and set {RECONCILE_REQUEST_ANNOTATION} to retry, or set "
+                    f"{ABANDON_ANNOTATION}=true to delete the Stack without destroying",
+                )
+                return
+            wait = self._cooldown_remaining(last, failures)
+            if wait > timedelta(0):
+                self._reconciling(
+                    RECONCILING_RETRY_REASON, f"destroy failed: {last.get('message')}"
+                )
+                self._requeue_in(wait)
+                return
+        run = Run(
+            operation="destroy",
+            kind="sync",
+            generation=self.generation,
+            reconcile_request=self.request,
+            commit=str(last.get("lastSuccessfulCommit") or ""),
+            trigger=f"finalize:{last.get('name') or ''}",
+        )
+        self._start(run, "the Stack is being deleted (destroyOnFinalize)")
+
+    def _release(self) -> None:
+        self.result.finalizer = "remove"
+        self.result.status = None
+
+    def _reject_request_while_deleting(self) -> None:
+        value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
+        current = self.status.get("operationRequest") or {}
+        if value and current.get("request") != value:
+            self._request_status(
+                value, _split_request(value)[0], "Rejected", "", "the Stack is being deleted"
+            )
+
+    # -- the normal path ------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        if self._handle_operation_request():
+            return
+        blocking = self._blocking_job()
+        if blocking is not None:
+            name = str(blocking["metadata"]["name"])
+            if name == self._current_name():
+                run = self._run_of(name, blocking)
+                if _changes_stack(run):
+                    self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
+                return
+            # Its run is recorded (result in, or cancelled) but its pod has not stopped yet:
+            # decide as usual, only start nothing until it is gone.
+            self.stopping = name
+        spec = self.spec
+        if spec is None:
+            self._stalled(
+                STALLED_SPEC_INVALID_REASON, "; ".join(self.check.problems), EVENT_CONFIG_INVALID
+            )
+            return
+        if spec.suspend:
+            self._suspended()
+            return
+        commit = self._commit(spec)
+        if commit is _PENDING:
+            if not self.status.get("lastUpdate"):
+                self._reconciling(
+                    RECONCILING_PROCESSING_REASON,
+                    f"waiting for the head of branch {spec.branch} of {spec.project_repo}",
+                )
+            return
+        if isinstance(commit, _SourceError):
+            self._stalled(STALLED_SOURCE_UNAVAILABLE_REASON, commit.message)
+            return
+        assert commit is None or isinstance(commit, str)
+        if self._held():
+            return
+        if self._sync(spec, commit):
+            return
+        self._schedules(spec, commit)
+
+    def _suspended(self) -> None:
+        last = self.status.get("lastUpdate") or {}
+        ok = last.get("state") == "succeeded"
+        message = "reconciliation is suspended (spec.suspend: true); " + (
+            f"the last {last.get('type')} succeeded"
+            if ok
+            else (f"the last {last.get('type')} failed" if last else "nothing has run yet")
+        )
+        self.conditions = set_condition(
+            self.conditions,
+            CONDITION_READY,
+            "True" if ok else "False",
+            SUSPENDED_REASON,
+            message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+        self.conditions = remove_condition(self.conditions, CONDITION_RECONCILING)
+        self.conditions = remove_condition(self.conditions, CONDITION_STALLED)
+
+    def _commit(self, spec: StackSpec) -> str | _SourceError | _Pending | None:
+        """The revision to deploy: spec.commit, the polled branch head, or None (unknown)."""
+        if not spec.project_repo:
+            return None
+        if spec.commit:
+            return spec.commit
+        head = self.obs.source
+        if head is None or (head.commit is None and not head.error):
+            return _PENDING
+        if head.error:
+            return _SourceError(
+                f"cannot read branch {spec.branch} of {spec.project_repo}: {head.error}"
+            )
+        return head.commit
+
+    def _held(self) -> bool:
+        """After a requested destroy, nothing runs until the spec changes or `up` is asked."""
+        last = self.status.get("lastUpdate") or {}
+        request = self.status.get("operationRequest") or {}
+        held = (
+            last.get("type") == "destroy"
+            and request.get("operation") == "destroy"
+            and request.get("jobName") == last.get("name")
+            and last.get("generation") == self.generation
+            and (last.get("reconcileRequest") or "") == self.request
+        )
+        if not held:
+            return False
+        if last.get("state") == "succeeded":
+            message = (
+                f"destroyed on request ({request.get('request')}); no update runs until the "
+                f"spec changes or an up is requested (pkobatch up {self.name})"
+            )
+        else:
+            message = (
+                f"the requested destroy failed: {last.get('message')}; request destroy again, "
+                f"or request an up (pkobatch up {self.name})"
+            )
+        self._stalled(STALLED_DESTROY_HELD_REASON, message)
+        return True
+
+    def _cooldown_remaining(self, last: Mapping[str, Any], failures: int) -> timedelta:
+        assert self.spec is not None
+        resynced = parse_time(last.get("lastResyncTime")) or self.now
+        return resynced + cooldown(failures, self.spec, self.settings) - self.now
+
+    def _sync_reason(self, spec: StackSpec, commit: str | None) -> str | None:
+        """PKO's ``isSynced``: why the normal operation must run now (None: in sync)."""
+        last = self.status.get("lastUpdate") or {}
+        if not last:
+            return "initial stack update"
+        if last.get("generation") != self.generation:
+            return "new generation"
+        if (last.get("reconcileRequest") or "") != self.request:
+            return f"new {RECONCILE_REQUEST_ANNOTATION} value"
+        if last.get("state") == "succeeded":
+            if commit is not None and not same_commit(
+                str(last.get("lastSuccessfulCommit") or ""), commit
+            ):
+                return f"new commit {commit}"
+            if spec.continue_resync_on_commit_match:
+                due = (parse_time(last.get("lastResyncTime")) or self.now) + resync_frequency(spec)
+                if self.now >= due:
+                    return "resync period elapsed"
+                self._requeue_in(due - self.now)
+            return None
+        if commit is not None and not same_commit(
+            str(last.get("lastAttemptedCommit") or ""), commit
+        ):
+            return f"new commit {commit}"
+        failures = int(last.get("failures") or 0)
+        if failures >= self.settings.retry.max_failures:
+            return None
+        wait = self._cooldown_remaining(last, failures)
+        if wait <= timedelta(0):
+            return "retrying after failure"
+        self._requeue_in(wait)
+        return None
+
+    def _sync(self, spec: StackSpec, commit: str | None) -> bool:
+        """Start the normal operation if out of sync; else set the resting conditions."""
+        reason = self._sync_reason(spec, commit)
+        due = scheduled_run_due(spec, self.meta, self.status, self.now, self.settings)
+        last = self.status.get("lastUpdate") or {}
+        if reason is None and due is not None:
+            reason = f"scheduled run {format_time(due.time)}"
+            if due.skipped:
+                reason += f" ({due.skipped} earlier scheduled time(s) skipped)"
+        if reason is None:
+            self._resting(last)
+            return False
+        if not self._prerequisites_ready(spec):
+            return True
+        trigger = f"after:{last.get('name') or ''}:{commit or ''}"
+        if due is not None:
+            # A run that starts anyway covers the due schedule time.
+            self._record_schedule_time(format_time(due.time))
+            if reason.startswith("scheduled run"):
+                trigger = f"{SCHEDULE_TRIGGER_PREFIX}{format_time(due.time)}"
+        run = Run(
+            operation="preview" if spec.preview else "up",
+            kind="sync",
+            generation=self.generation,
+            reconcile_request=self.request,
+            commit=commit or "",
+            trigger=trigger,
+        )
+        self._start(run, reason)
+        return True
+
+    def _record_schedule_time(self, moment: str) -> None:
+        previous = parse_time(self.status.get("lastScheduleTime"))
+        recorded = parse_time(moment)
+        if recorded is not None and (previous is None or recorded > previous):
+            self.status["lastScheduleTime"] = moment
+
+    def _resting(self, last: Mapping[str, Any]) -> None:
+        """Conditions when no run is needed right now (PKO's ready protocol)."""
+        if last.get("state") == "succeeded":
+            self._ready()
+            return
+        failures = int(last.get("failures") or 0)
+        kind = str(last.get("type") or "update")
+        if failures >= self.settings.retry.max_failures:
+            self._stalled(
+                STALLED_UPDATE_FAILED_REASON,
+                f"{kind} failed {failures + 1} times in a row; not retrying until the spec, the "
+                f"source or {RECONCILE_REQUEST_ANNOTATION} changes. Last error: "
+                f"{last.get('message')}",
+            )
+            return
+        reason = (
+            RECONCILING_PREVIEW_FAILED_REASON if kind == "preview" else RECONCILING_RETRY_REASON
+        )
+        self._reconciling(
+            reason,
+            f"{failures + 1} {kind} failure(s); retrying with backoff. "
+            f"Last error: {last.get('message')}",
+        )
+
+    def _prerequisites_ready(self, spec: StackSpec) -> bool:
+        waiting: list[str] = []
+        for prerequisite in spec.prerequisites or ():
+            other = self.obs.prerequisites.get(prerequisite.name)
+            if other is None:
+                waiting.append(f"{prerequisite.name} does not exist")
+                continue
+            other_meta = other.get("metadata") or {}
+            other_last = (other.get("status") or {}).get("lastUpdate") or {}
+            other_request = str(
+                (other_meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or ""
+            )
+            if (
+                other_last.get("state") != "succeeded"
+                or other_last.get("type") == "destroy"
+                or other_last.get("generation") != other_meta.get("generation")
+                or (other_last.get("reconcileRequest") or "") != other_request
+            ):
+                waiting.append(f"{prerequisite.name} has not succeeded at its current spec")
+                continue
+            within = (
+                prerequisite.requirement.succeeded_within_duration
+                if prerequisite.requirement
+                else None
+            )
+            succeeded_at = parse_time(other_last.get("lastResyncTime"))
+            if within and (
+                succeeded_at is None or self.now - succeeded_at > parse_duration(within)
+            ):
+                waiting.append(f"{prerequisite.name} last succeeded more than {within} ago")
+                poke = f"after-{other_last.get('name')}"
+                if other_request != poke:
+                    self.result.prerequisite_requests[prerequisite.name] = poke
+        if not waiting:
+            return True
+        self._reconciling(
+            RECONCILING_PREREQUISITE_REASON, "waiting for prerequisites: " + "; ".join(waiting)
+        )
+        self._requeue_in(PREREQUISITE_RECHECK)
+        return False
+
+    def _schedules(self, spec: StackSpec, commit: str | None) -> None:
+        """Drift remediation and drift checks; and the requeue for the next cron times."""
+        for moment in next_schedule_times(spec, self.meta, self.now):
+            self._requeue_in(moment - self.now)
+        last = self.status.get("lastUpdate") or {}
+        deployed = last.get("state") == "succeeded" and last.get("type") == "up"
+        drift = spec.drift_detection
+        if drift is None or not deployed:
+            return
+        check = self.status.get("lastDriftCheck") or {}
+        drifted = find_condition(self.conditions, CONDITION_DRIFTED)
+        checked_at = parse_time(check.get("time"))
+        updated_at = parse_time(last.get("lastResyncTime"))
+        if (
+            drift.remediate
+            and drifted is not None
+            and drifted.status == "True"
+            and checked_at is not None
+            and (updated_at is None or updated_at <= checked_at)
+        ):
+            run = Run(
+                operation="up",
+                kind="sync",
+                generation=self.generation,
+                reconcile_request=self.request,
+                commit=commit or "",
+                trigger=f"{REMEDIATE_TRIGGER_PREFIX}{check.get('name')}",
+            )
+            self._start(run, "remediating drift")
+            return
+        due = drift_check_due(spec, self.meta, self.status, self.now, self.settings)
+        if due is None:
+            return
+        run = Run(
+            operation="refresh",
+            kind="drift",
+            generation=self.generation,
+            reconcile_request=self.request,
+            commit=commit or "",
+            trigger=f"{DRIFT_TRIGGER_PREFIX}{format_time(due.time)}",
+        )
+        if self._start(run, f"drift check {format_time(due.time)}"):
+            self.status["lastDriftCheck"] = {
+                **check,
+                "scheduledTime": format_time(due.time),
+            }
+
+    # -- operation requests -------------------------------------------------------------------
+
+    def _request_status(
+        self, value: str, operation: str, state: RequestState, job: str, message: str
+    ) -> None:
+        previous = self.status.get("operationRequest") or {}
+        self.status["operationRequest"] = {
+            "request": value,
+            "operation": operation,
+            "state": state,
+            "jobName": job,
+            "message": message,
+        }
+        if state == "Rejected" and previous.get("request") != value:
+            self._event("Warning", EVENT_REQUEST_REJECTED, f"{value}: {message}")
+
+    def _handle_operation_request(self) -> bool:
+        """Act on a new (or still pending) request; True when it decided this pass."""
+        value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
+        current = self.status.get("operationRequest") or {}
+        if not value or (current.get("request") == value and current.get("state") != "Pending"):
+            return False
+        operation, token = _split_request(value)
+        if operation not in REQUEST_OPERATIONS or not token:
+            self._request_status(
+                value,
+                operation,
+                "Rejected",
+                "",
+                f"expected '<operation>:<token>' with operation one of "
+                f"{', '.join(REQUEST_OPERATIONS)}",
+            )
+            return False
+        blocking = self._blocking_job()
+        if operation == "cancel":
+            return self._cancel(value, blocking)
+        raw_spec = self.obs.stack.get("spec") or {}
+        if raw_spec.get("preview") and operation in ("up", "destroy"):
+            self._request_status(
+                value,
+                operation,
+                "Rejected",
+                "",
+                f"spec.preview is true: this Stack never runs {operation}",
+            )
+            return False
+        if self.spec is None:
+            self._request_status(
+                value,
+                operation,
+                "Rejected",
+                "",
+                "the spec is invalid: " + "; ".join(self.check.problems),
+            )
+            return False
+        if blocking is not None:
+            name = str(blocking["metadata"]["name"])
+            self._request_status(
+                value, operation, "Pending", "", f"waiting for run {name} to finish"
+            )
+            return False
+        commit = self._commit(self.spec)
+        op: Operation = operation  # type: ignore[assignment]
+        run = Run(
+            operation=op,
+            kind="request",
+            generation=self.generation,
+            reconcile_request=self.request,
+            commit=commit if isinstance(commit, str) else "",
+            trigger=f"request:{value}",
+            request=value,
+        )
+        name = job_name(self.name, self.uid, run)
+        if self._start(run, f"requested {operation} ({value})"):
+            self._request_status(value, operation, "Running", name, f"run {name} started")
+            return True
+        if self.result.create_job is None and self.obs.slot_available is False:
+            self._request_status(value, operation, "Pending", "", "waiting for a free run slot")
+            return True
+        self._request_status(
+            value,
+            operation,
+            "Rejected",
+            "",
+            "the run could not be built (see the Stalled condition)",
+        )
+        return True
+
+    def _cancel(self, value: str, blocking: Mapping[str, Any] | None) -> bool:
+        if blocking is None or blocking["metadata"]["name"] != self._current_name():
+            self._request_status(
+                value, "cancel", "Rejected", "", "nothing to cancel: no run is in progress"
+            )
+            return False
+        name = str(blocking["metadata"]["name"])
+        run = self._run_of(name, blocking)
+        self.result.delete_jobs.append(
+            JobDeletion(name, str(blocking["metadata"].get("uid") or ""), foreground=True)
+        )
+        self._fold(run, name, cancelled_outcome(name, value, self.now), None)
+        self._request_status(value, "cancel", "Succeeded", name, f"run {name} was cancelled")
+        # The cancelled Job blocks new runs until its pod is gone (foreground deletion).
+        self._resting(self.status.get("lastUpdate") or {})
+        return True
+
+    # -- history -----------------------------------------------------------------------------
+
+    def _prune_history(self) -> None:
+        current = self._current_name()
+        done = [
+            j
+            for name, j in self.jobs.items()
+            if name != current and job_finished(j) and not job_deleting(j)
+        ]
+        done.sort(key=_creation, reverse=True)
+        for job in done[self.settings.job.history_limit :]:
+            meta = job["metadata"]
+            self.result.delete_jobs.append(
+                JobDeletion(str(meta["name"]), str(meta.get("uid") or ""))
+            )
+        for name, configmap in self.obs.results.items():
+            created = parse_time(_creation(configmap))
+            if (
+                name not in self.jobs
+                and created is not None
+                and self.now - created > ORPHAN_RESULT_AGE
+            ):
+                self.result.delete_results.append(name)
+
+
+class _Pending:
+    pass
+
+
+_PENDING: Final = _Pending()
+
+
+@dataclass(frozen=True)
+class _SourceError:
+    message: str
+
+
+def _split_request(value: str) -> tuple[str, str]:
+    operation, _, token = value.partition(":")
+    return operation.strip(), token.strip()
+
+
+def _operation_from_name(name: str) -> Operation:
+    for operation in OPERATIONS:
+        if f"-{operation}-" in name:
+            return operation
+    return "up"
+
+
+def _changes_stack(run: Run) -> bool:
+    """Runs recorded in lastUpdate (and shown as Reconciling): all but drift checks and
+    requested previews/refreshes, which report in lastDriftCheck / operationRequest."""
+    return run.kind == "sync" or (run.kind == "request" and run.operation in ("up", "destroy"))
+
+
+def _running_message(run: Run, name: str) -> str:
+    return f"{run.operation} {name} is in progress"

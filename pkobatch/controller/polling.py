@@ -1,0 +1,418 @@
+"""Shared branch polling: one ``git ls-remote`` per repository, branch and credentials.
+
+Every Stack that tracks a branch asks ``GitPoller.head()`` for the branch head during its
+reconcile. The answer comes from a cache and never blocks: the first ask for a key (and
+each ask after the entry went stale) only wakes the poller's own thread, which runs
+``ls-remote`` on a small pool outside the reconcile workers. When the head (or the error)
+of a key changes, every Stack subscribed to it is enqueued. So 200 Stacks on one
+repository and branch cost one ``ls-remote`` per interval, and a slow git server never
+holds a reconcile worker.
+
+The cache key is (repository URL, ref, credentials identity). The identity names where
+credentials come from (Secret name and key in the Stack's namespace, or a literal), never
+their values; the values are read with one ``get`` per poll, the controller's only access
+to Secrets. Credentials go to ``git`` through its environment (an HTTP header in
+``GIT_CONFIG_*``, or a private key file in a private temporary directory), never its
+arguments, and errors are scrubbed of URLs' user info before they reach status or logs.
+
+The interval of a key is ``Settings.poll_interval``, or longer when every Stack on it set a
+longer ``spec.resyncFrequencySeconds``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter
+
+from pkobatch.controller.plan import SourceHead
+from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
+from pkobatch.runtime.interfaces import StackKey
+
+log = logging.getLogger(__name__)
+
+LS_REMOTE_TIMEOUT: Final = 30.0
+MAX_PARALLEL_POLLS: Final = 4
+MAX_ERROR_CHARS: Final = 300
+_USERINFO: Final = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+@dataclass(frozen=True)
+class CredentialRef:
+    """Where one credential value comes from: a Secret key, or a literal from the spec."""
+
+    secret: str = ""
+    key: str = ""
+    literal: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class GitCredentials:
+    """How to authenticate: ``method`` is token, basic, ssh or legacy (gitAuthSecret)."""
+
+    method: str
+    namespace: str
+    username: CredentialRef | None = None
+    password: CredentialRef | None = None
+    ssh_key: CredentialRef | None = None
+    legacy_secret: str = ""
+
+
+@dataclass(frozen=True)
+class PollKey:
+    url: str
+    ref: str
+    credentials: GitCredentials | None
+
+
+def branch_ref(branch: str) -> str:
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+
+
+def _ref(raw: Any) -> CredentialRef | None:
+    if not isinstance(raw, Mapping):
+        return None
+    if raw.get("type") == "Literal":
+        return CredentialRef(literal=str((raw.get("literal") or {}).get("value") or ""))
+    secret = raw.get("secret") or {}
+    return CredentialRef(secret=str(secret.get("name") or ""), key=str(secret.get("key") or ""))
+
+
+def poll_key(namespace: str, spec: Mapping[str, Any]) -> PollKey | None:
+    """The polling key of a Stack that tracks a git branch (None: nothing to poll)."""
+    url, branch = spec.get("projectRepo"), spec.get("branch")
+    if not url or not branch or spec.get("commit"):
+        return None
+    auth = spec.get("gitAuth") or {}
+    credentials: GitCredentials | None = None
+    if auth.get("sshAuth"):
+        credentials = GitCredentials(
+            "ssh",
+            namespace,
+            ssh_key=_ref(auth["sshAuth"].get("sshPrivateKey")),
+            password=_ref(auth["sshAuth"].get("password")),
+        )
+    elif auth.get("accessToken"):
+        credentials = GitCredentials(
+            "token",
+            namespace,
+            username=CredentialRef(literal="git"),
+            password=_ref(auth["accessToken"]),
+        )
+    elif auth.get("basicAuth"):
+        basic = auth["basicAuth"]
+        credentials = GitCredentials(
+            "basic",
+            namespace,
+            username=_ref(basic.get("userName")),
+            password=_ref(basic.get("password")),
+        )
+    elif spec.get("gitAuthSecret"):
+        credentials = GitCredentials("legacy", namespace, legacy_secret=str(spec["gitAuthSecret"]))
+    return PollKey(str(url), branch_ref(str(branch)), credentials)
+
+
+class PollError(Exception):
+    """ls-remote failed; the message is safe to show (no credentials)."""
+
+
+@dataclass
+class _Resolved:
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ssh_key: str = field(default="", repr=False)
+    ssh_passphrase: str = field(default="", repr=False)
+
+
+def scrub(text: str) -> str:
+    """A git error made safe and short for status, Events and logs."""
+    cleaned = _USERINFO.sub("", text).strip().replace("\n", " ")
+    return cleaned[:MAX_ERROR_CHARS]
+
+
+def ls_remote(url: str, ref: str, creds: _Resolved | None, timeout: float) -> str:
+    """The commit ``ref`` points to in ``url``."""
+    with tempfile.TemporaryDirectory(prefix="pkobatch-git-") as private:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": private,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_ASKPASS": "/bin/false",
+            "SSH_ASKPASS_REQUIRE": "never",
+        }
+        if creds is not None:
+            env.update(_credential_env(creds, Path(private)))
+        try:
+            completed = subprocess.run(
+                ["git", "ls-remote", "--", url, ref],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise PollError(f"git ls-remote timed out after {timeout:.0f}s") from None
+        except OSError as exc:
+            raise PollError(f"cannot run git: {exc}") from None
+    if completed.returncode != 0:
+        raise PollError(scrub(completed.stderr) or f"git ls-remote exited {completed.returncode}")
+    for line in completed.stdout.splitlines():
+        sha, _, name = line.partition("\t")
+        if name.strip() == ref:
+            return sha.strip()
+    raise PollError(f"{ref} does not exist in the repository")
+
+
+def _credential_env(creds: _Resolved, private: Path) -> dict[str, str]:
+    if creds.ssh_key:
+        key_file = private / "id"
+        key_file.write_text(creds.ssh_key if creds.ssh_key.endswith("\n") else creds.ssh_key + "\n")
+        key_file.chmod(0o600)
+        env = {
+            "GIT_SSH_COMMAND": (
+                f"ssh -i {key_file} -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new "
+                f"-o UserKnownHostsFile={private}/known_hosts"
+            )
+        }
+        if creds.ssh_passphrase:
+            askpass = private / "askpass"
+            askpass.write_text('#!/bin/sh\nprintf "%s\\n" "$PKOBATCH_SSH_PASSPHRASE"\n')
+            askpass.chmod(0o700)
+            env.update(
+                {
+                    "SSH_ASKPASS": str(askpass),
+                    "SSH_ASKPASS_REQUIRE": "force",
+                    "DISPLAY": ":0",
+                    "PKOBATCH_SSH_PASSPHRASE": creds.ssh_passphrase,
+                }
+            )
+        return env
+    basic = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "http.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+    }
+
+
+@dataclass
+class _Entry:
+    subscribers: dict[StackKey, float] = field(default_factory=dict)
+    commit: str | None = None
+    error: str = ""
+    fetched_at: float | None = None
+    in_flight: bool = False
+
+
+LsRemote = Callable[[str, str, "_Resolved | None", float], str]
+
+
+class GitPoller:
+    """The shared branch-head cache with its own polling thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        interval: float,
+        enqueue: Callable[[StackKey], None],
+        *,
+        registry: CollectorRegistry | None = None,
+        fetch: LsRemote = ls_remote,
+        clock: Callable[[], float] = time.monotonic,
+        max_parallel: int = MAX_PARALLEL_POLLS,
+    ) -> None:
+        self._kube = kube
+        self._interval = interval
+        self._enqueue = enqueue
+        self._fetch = fetch
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[PollKey, _Entry] = {}
+        self._key_of: dict[StackKey, PollKey] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="pkobatch-git")
+        self.calls = 0
+        self._counter = Counter(
+            "pkobatch_git_ls_remote",
+            "git ls-remote calls made by the shared branch poller, by result",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("ok", "error"):
+            self._counter.labels(result)
+
+    # -- used by reconciles ----------------------------------------------------------------
+
+    def head(
+        self, stack: StackKey, key: PollKey, resync_seconds: float | None = None
+    ) -> SourceHead:
+        """The cached head for ``key``; subscribes ``stack`` to changes. Never blocks."""
+        with self._lock:
+            previous = self._key_of.get(stack)
+            if previous is not None and previous != key:
+                self._unsubscribe(stack, previous)
+            self._key_of[stack] = key
+            entry = self._entries.setdefault(key, _Entry())
+            entry.subscribers[stack] = max(self._interval, resync_seconds or 0.0)
+            if entry.fetched_at is None and not entry.in_flight:
+                self._wake.set()
+            return SourceHead(commit=entry.commit, error=entry.error)
+
+    def forget(self, stack: StackKey) -> None:
+        """``stack`` is gone or tracks no branch any more."""
+        with self._lock:
+            previous = self._key_of.pop(stack, None)
+            if previous is not None:
+                self._unsubscribe(stack, previous)
+
+    def _unsubscribe(self, stack: StackKey, key: PollKey) -> None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.subscribers.pop(stack, None)
+            if not entry.subscribers and not entry.in_flight:
+                del self._entries[key]
+
+    # -- the polling thread ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="pkobatch-git-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def poll_due(self) -> float:
+        """Start the fetches that are due; the seconds until the next one is."""
+        now = self._clock()
+        next_due = self._interval
+        with self._lock:
+            for key, entry in self._entries.items():
+                if entry.in_flight or not entry.subscribers:
+                    continue
+                period = min(entry.subscribers.values())
+                due_at = now if entry.fetched_at is None else entry.fetched_at + period
+                if due_at <= now:
+                    entry.in_flight = True
+                    self._pool.submit(self._poll, key)
+                else:
+                    next_due = min(next_due, due_at - now)
+        return next_due
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            wait = self.poll_due()
+            self._wake.wait(timeout=max(0.05, wait))
+            self._wake.clear()
+
+    def _poll(self, key: PollKey) -> None:
+        commit: str | None = None
+        error = ""
+        try:
+            creds = self._resolve(key.credentials)
+            with self._lock:
+                self.calls += 1
+            commit = self._fetch(key.url, key.ref, creds, LS_REMOTE_TIMEOUT)
+            self._counter.labels("ok").inc()
+        except PollError as exc:
+            error = str(exc)
+            self._counter.labels("error").inc()
+        except Exception as exc:  # a poller thread must survive anything
+            log.exception("branch poll of %s failed", scrub(key.url))
+            error = scrub(f"polling failed: {exc}")
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            changed = (entry.commit, entry.error) != (commit, error)
+            entry.commit, entry.error = commit, error
+            entry.fetched_at = self._clock()
+            entry.in_flight = False
+            subscribers = list(entry.subscribers)
+            if not subscribers:
+                del self._entries[key]
+        if changed:
+            log.info(
+                "branch %s of %s is at %s",
+                key.ref,
+                scrub(key.url),
+                commit or f"error: {error}",
+            )
+            for stack in subscribers:
+                self._enqueue(stack)
+
+    # -- credentials -----------------------------------------------------------------------
+
+    def _resolve(self, creds: GitCredentials | None) -> _Resolved | None:
+        if creds is None:
+            return None
+        cache: dict[str, Mapping[str, str]] = {}
+
+        def value(ref: CredentialRef | None, what: str) -> str:
+            if ref is None:
+                return ""
+            if not ref.secret:
+                return ref.literal
+            data = cache.get(ref.secret)
+            if data is None:
+                data = cache[ref.secret] = self._secret_data(creds.namespace, ref.secret)
+            if ref.key not in data:
+                raise PollError(f"Secret {ref.secret} has no key {ref.key!r} ({what})")
+            return data[ref.key]
+
+        if creds.method == "legacy":
+            data = self._secret_data(creds.namespace, creds.legacy_secret)
+            if data.get("sshPrivateKey"):
+                return _Resolved(
+                    ssh_key=data["sshPrivateKey"], ssh_passphrase=data.get("password", "")
+                )
+            if data.get("accessToken"):
+                return _Resolved(username="git", password=data["accessToken"])
+            if data.get("username") and data.get("password"):
+                return _Resolved(username=data["username"], password=data["password"])
+            raise PollError(
+                f"Secret {creds.legacy_secret} (spec.gitAuthSecret) has none of sshPrivateKey, "
+                "accessToken, or username and password"
+            )
+        if creds.method == "ssh":
+            return _Resolved(
+                ssh_key=value(creds.ssh_key, "ssh private key"),
+                ssh_passphrase=value(creds.password, "ssh passphrase"),
+            )
+        return _Resolved(
+            username=value(creds.username, "user name"), password=value(creds.password, "password")
+        )
+
+    def _secret_data(self, namespace: str, name: str) -> Mapping[str, str]:
+        try:
+            secret = self._kube.get(SECRETS, name, namespace)
+        except NotFound:
+            raise PollError(f"Secret {namespace}/{name} (git credentials) does not exist") from None
+        except KubeError as exc:
+            raise PollError(f"cannot read Secret {namespace}/{name}: {exc.reason}") from None
+        decoded = {}
+        for key, encoded in (secret.get("data") or {}).items():
+            try:
+                decoded[key] = base64.b64decode(encoded).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue
+        return decoded

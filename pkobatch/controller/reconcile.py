@@ -1,0 +1,276 @@
+"""The Stack reconciler: observe → plan → act, and what is shared across Stacks.
+
+``build_reconciler(kube, stores, settings, metrics, enqueuer)`` is the factory the runtime's
+``Manager`` calls. The reconciler is a ``Service``: ``start()`` starts the shared branch
+poller, ``stop()`` stops it.
+
+Shared state lives here, never in ``plan``:
+
+- ``Admission``: the cluster-wide cap on active Jobs (``Settings.max_active_jobs``) with
+  fair ordering — when Stacks wait for a slot, the one waiting longest gets the next; a
+  freed slot wakes the first waiters at once.
+- ``Dependents``: which Stacks list a Stack as prerequisite, so a prerequisite's success
+  wakes them at once instead of at their next recheck.
+- ``GitPoller``: branch heads (see ``polling``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
+from pkobatch.controller.events import EventRecorder
+from pkobatch.controller.fold import job_finished, metric_result
+from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_template
+from pkobatch.controller.observe import Observer
+from pkobatch.controller.plan import Observed, Plan, plan
+from pkobatch.controller.polling import GitPoller
+from pkobatch.kube.client import Conflict, Kube
+from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult, StackKey, Stores
+from pkobatch.runtime.store import stack_name_of
+
+if TYPE_CHECKING:
+    from pkobatch.config import Settings
+    from pkobatch.runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+CONFLICT_RETRY: Final = 1.0
+# A created Job counts against the cap until the store shows it (or this long has passed).
+RESERVATION_SECONDS: Final = 60.0
+
+
+class TemplateInvalid(Exception):
+    """``Settings.job.template_file`` cannot be used; the message says why."""
+
+
+def load_template(path: str) -> JSON:
+    if not path:
+        return builtin_template()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TemplateInvalid(f"PKOBATCH_JOB__TEMPLATE_FILE: cannot read {path}: {exc}") from None
+    try:
+        return parse_template(text, path)
+    except JobBuildError as exc:
+        raise TemplateInvalid(f"PKOBATCH_JOB__TEMPLATE_FILE: {exc}") from None
+
+
+class Admission:
+    """The cap on active Jobs across all Stacks, oldest waiter first."""
+
+    def __init__(
+        self,
+        limit: int,
+        enqueue: Callable[[StackKey], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limit = limit
+        self._enqueue = enqueue
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active: dict[StackKey, str] = {}
+        self._reserved: dict[StackKey, float] = {}
+        self._waiting: dict[StackKey, float] = {}
+
+    def seed(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        stack_of: Callable[[Mapping[str, Any]], StackKey | None],
+    ) -> None:
+        """Count the Jobs already running (at start-up, before any reconcile)."""
+        with self._lock:
+            for job in jobs:
+                key = stack_of(job)
+                if key is not None and not job_finished(job):
+                    self._active[key] = str(job["metadata"]["name"])
+
+    def track(self, key: StackKey, active_job: str | None) -> None:
+        """What a reconcile saw: the Stack's active Job, if any."""
+        wake: list[StackKey] = []
+        with self._lock:
+            if active_job:
+                self._reserved.pop(key, None)
+                self._active[key] = active_job
+            elif self._active.pop(key, None) is not None:
+                wake = self._first_waiters(self._free())
+        for waiter in wake:
+            self._enqueue(waiter)
+
+    def forget(self, key: StackKey) -> None:
+        self.track(key, None)
+        with self._lock:
+            self._waiting.pop(key, None)
+            self._reserved.pop(key, None)
+
+    def acquire(self, key: StackKey) -> bool:
+        """May ``key`` start a Job now? A True reserves a slot until ``track`` sees it."""
+        with self._lock:
+            now = self._clock()
+            for stale in [k for k, at in self._reserved.items() if now - at > RESERVATION_SECONDS]:
+                del self._reserved[stale]
+            free = self._free()
+            since = self._waiting.get(key, now)
+            ahead = sum(1 for other, at in self._waiting.items() if other != key and at < since)
+            if free <= ahead:
+                self._waiting.setdefault(key, now)
+                return False
+            self._waiting.pop(key, None)
+            self._reserved[key] = now
+            return True
+
+    def _free(self) -> int:
+        busy = set(self._active) | set(self._reserved)
+        return self._limit - len(busy)
+
+    def _first_waiters(self, count: int) -> list[StackKey]:
+        ordered = sorted(self._waiting.items(), key=lambda item: item[1])
+        return [key for key, _ in ordered[: max(count, 0)]]
+
+
+class Dependents:
+    """Reverse index of ``spec.prerequisites``: who waits on whom."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._of: dict[StackKey, set[StackKey]] = {}
+        self._needs: dict[StackKey, set[StackKey]] = {}
+
+    def record(self, key: StackKey, prerequisites: list[str]) -> None:
+        needs = {StackKey(key.namespace, name) for name in prerequisites}
+        with self._lock:
+            for old in self._needs.get(key, set()) - needs:
+                self._of.get(old, set()).discard(key)
+            for new in needs:
+                self._of.setdefault(new, set()).add(key)
+            self._needs[key] = needs
+
+    def of(self, key: StackKey) -> list[StackKey]:
+        with self._lock:
+            return sorted(self._of.get(key, set()))
+
+
+class StackReconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        stores: Stores,
+        settings: Settings,
+        metrics: Metrics,
+        enqueuer: Enqueuer,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._stores = stores
+        self._settings = settings
+        self._metrics = metrics
+        self._enqueuer = enqueuer
+        self._clock = clock
+        self._template = load_template(settings.job.template_file)
+        self.poller = GitPoller(
+            kube,
+            settings.poll_interval.total_seconds(),
+            enqueuer.enqueue,
+            registry=metrics.registry,
+        )
+        self.admission = Admission(settings.max_active_jobs, enqueuer.enqueue)
+        self.dependents = Dependents()
+        self._observer = Observer(kube, stores, self.poller)
+        self._actor = Actor(kube, EventRecorder(kube))
+        self._seeded = False
+
+    # -- Service ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._seed()
+        self.poller.start()
+
+    def stop(self) -> None:
+        self.poller.stop()
+
+    def _seed(self) -> None:
+        if self._seeded:
+            return
+        self._seeded = True
+
+        def stack_of(job: Mapping[str, Any]) -> StackKey | None:
+            name = stack_name_of(dict(job))
+            namespace = str((job.get("metadata") or {}).get("namespace") or "")
+            return StackKey(namespace, name) if name else None
+
+        self.admission.seed(self._stores.jobs.list_objects(), stack_of)
+
+    # -- Reconciler ------------------------------------------------------------------------
+
+    def reconcile(self, key: StackKey) -> ReconcileResult:
+        self._seed()
+        observed = self._observer.observe(key, self._clock())
+        if observed is None:
+            self.admission.forget(key)
+            self.dependents.record(key, [])
+            return ReconcileResult()
+        spec = observed.stack.get("spec") or {}
+        self.dependents.record(
+            key,
+            [
+                str(p["name"])
+                for p in spec.get("prerequisites") or ()
+                if isinstance(p, Mapping) and p.get("name")
+            ],
+        )
+        result = plan(observed, self._settings, self._template)
+        if result.create_job is not None and not self.admission.acquire(key):
+            result = plan(replace(observed, slot_available=False), self._settings, self._template)
+        try:
+            result = self._create_job(key, observed, result)
+            self._actor.apply(observed.stack, result)
+        except Conflict:
+            # Status computed from a stale cache (or a concurrent edit): look again shortly.
+            return ReconcileResult(requeue_after=CONFLICT_RETRY)
+        active = result.create_job or next((j for j in observed.jobs if not job_finished(j)), None)
+        self.admission.track(key, str(active["metadata"]["name"]) if active else None)
+        self._after_runs(key, result)
+        return ReconcileResult(requeue_after=result.requeue_after)
+
+    def _create_job(self, key: StackKey, observed: Observed, result: Plan) -> Plan:
+        if result.create_job is None:
+            return result
+        try:
+            self._actor.create_job(result.create_job)
+        except NamespaceTerminating:
+            self.admission.forget(key)
+            return plan(
+                replace(observed, namespace_terminating=True), self._settings, self._template
+            )
+        except JobRejected as exc:
+            self.admission.forget(key)
+            log.warning("job for stack %s was rejected: %s", key, exc)
+            return plan(replace(observed, job_rejected=str(exc)), self._settings, self._template)
+        return result
+
+    def _after_runs(self, key: StackKey, result: Plan) -> None:
+        for finished in result.finished:
+            duration = -1.0
+            if finished.started_at is not None:
+                duration = (finished.outcome.finished_at - finished.started_at).total_seconds()
+            self._metrics.operation_finished(
+                finished.run.operation, metric_result(finished.outcome), duration
+            )
+            if finished.outcome.succeeded:
+                for dependent in self.dependents.of(key):
+                    self._enqueuer.enqueue(dependent)
+
+
+def build_reconciler(
+    kube: Kube, stores: Stores, settings: Settings, metrics: Metrics, enqueuer: Enqueuer
+) -> StackReconciler:
+    """The factory ``pkobatch controller`` passes to the runtime's ``Manager``."""
+    return StackReconciler(kube, stores, settings, metrics, enqueuer)

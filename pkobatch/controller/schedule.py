@@ -1,0 +1,133 @@
+"""When a Stack runs next: PKO's timing rules and pkobatch's cron schedules (pure).
+
+PKO v2.9's rules, kept as they are:
+
+- ``resyncFreq = max(60 s, spec.resyncFrequencySeconds)`` — the period of
+  ``continueResyncOnCommitMatch`` re-runs;
+- after a failure, wait ``base · 3^failures`` (base 10 s, ``Settings.retry.base``), capped at
+  ``spec.retryMaxBackoffDurationSeconds``, else ``Settings.retry.cap`` (PKO's 24 h);
+- after ``Settings.retry.max_failures`` (3) counted failures: stalled, no more retries.
+
+Cron schedules (``spec.schedule`` and ``spec.driftDetection.schedule``) follow Kubernetes
+CronJobs: the last handled time is in status (``lastScheduleTime``,
+``lastDriftCheck.scheduledTime``); after downtime only the most recent missed time runs,
+and only within ``Settings.schedule_starting_deadline``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from pkobatch.api.constants import PKO_MIN_RESYNC_SECONDS
+from pkobatch.api.schedule import DueRun, ScheduleError, due_run, next_time
+from pkobatch.api.stack import StackSpec
+from pkobatch.config import Settings
+from pkobatch.controller.fold import parse_time
+
+MIN_RESYNC: Final = timedelta(seconds=PKO_MIN_RESYNC_SECONDS)
+# 3^40 seconds is far beyond any cap; bounding the exponent keeps the float finite.
+_MAX_EXPONENT: Final = 40
+
+
+def resync_frequency(spec: StackSpec) -> timedelta:
+    seconds = spec.resync_frequency_seconds or 0
+    return max(MIN_RESYNC, timedelta(seconds=seconds))
+
+
+def backoff_cap(spec: StackSpec, settings: Settings) -> timedelta:
+    if spec.retry_max_backoff_duration_seconds:
+        return timedelta(seconds=spec.retry_max_backoff_duration_seconds)
+    return settings.retry.cap
+
+
+def cooldown(failures: int, spec: StackSpec, settings: Settings) -> timedelta:
+    """How long to wait after a failed run before retrying it."""
+    exponent = min(max(failures, 0), _MAX_EXPONENT)
+    wait = settings.retry.base.total_seconds() * 3.0**exponent
+    return timedelta(seconds=min(wait, backoff_cap(spec, settings).total_seconds()))
+
+
+def scheduled_run_due(
+    spec: StackSpec,
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    now: datetime,
+    settings: Settings,
+) -> DueRun | None:
+    """The ``spec.schedule`` time that should start a run now, if any."""
+    if not spec.schedule:
+        return None
+    since = parse_time(status.get("lastScheduleTime")) or parse_time(meta.get("creationTimestamp"))
+    return _due(spec.schedule, spec, meta, since, now, settings)
+
+
+def drift_check_due(
+    spec: StackSpec,
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    now: datetime,
+    settings: Settings,
+) -> DueRun | None:
+    """The drift-check time that should start a check now, if any.
+
+    A successful update is as good as a check (it left the stack as the program says), so
+    times before the last successful ``up`` do not count as missed.
+    """
+    if spec.drift_detection is None:
+        return None
+    last_check = status.get("lastDriftCheck") or {}
+    candidates = [
+        parse_time(last_check.get("scheduledTime")),
+        parse_time(meta.get("creationTimestamp")),
+    ]
+    last_update = status.get("lastUpdate") or {}
+    if last_update.get("state") == "succeeded" and last_update.get("type") == "up":
+        candidates.append(parse_time(last_update.get("lastResyncTime")))
+    since = max((c for c in candidates if c is not None), default=None)
+    return _due(spec.drift_detection.schedule, spec, meta, since, now, settings)
+
+
+def _due(
+    expr: str,
+    spec: StackSpec,
+    meta: Mapping[str, Any],
+    since: datetime | None,
+    now: datetime,
+    settings: Settings,
+) -> DueRun | None:
+    try:
+        return due_run(
+            expr,
+            since=since or now,
+            now=now,
+            time_zone=spec.time_zone,
+            hash_id=_hash_id(meta),
+            starting_deadline=settings.schedule_starting_deadline,
+        )
+    except ScheduleError:
+        return None
+
+
+def next_schedule_times(spec: StackSpec, meta: Mapping[str, Any], now: datetime) -> list[datetime]:
+    """The next time of each cron schedule of the Stack (for the requeue)."""
+    exprs: Iterable[str | None] = (
+        spec.schedule,
+        spec.drift_detection.schedule if spec.drift_detection else None,
+    )
+    times = []
+    for expr in exprs:
+        if expr:
+            try:
+                times.append(
+                    next_time(expr, after=now, time_zone=spec.time_zone, hash_id=_hash_id(meta))
+                )
+            except ScheduleError:
+                continue
+    return times
+
+
+def _hash_id(meta: Mapping[str, Any]) -> str:
+    """``H`` is seeded by the Stack's UID: stable for the Stack, different across Stacks."""
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")

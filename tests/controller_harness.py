@@ -1,0 +1,243 @@
+"""Running the real controller in tests: ``pkobatch controller`` as a process, under its own
+ServiceAccount with exactly the RBAC of ``deploy/kustomize/base`` (a real token).
+
+Used by tests/integration/test_controller_*.py and tests/e2e/test_controller_*.py (the
+``tests`` directory is on ``sys.path`` through the root conftest).
+
+``controller_rbac(cluster)`` (session): installs the controller and runner ClusterRoles from
+the kustomize base, a ``pkobatch-system/pkobatch-controller`` ServiceAccount bound to the
+controller role, and returns a factory writing that SA's kubeconfig.
+
+``ControllerProcess``: start/kill/restart the controller for one namespace; ``metric(name,
+**labels)`` reads its Prometheus endpoint; ``log_text()`` its output (for secret scans).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pkobatch.api.constants import FIELD_MANAGER_CLI
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import (
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    NAMESPACES,
+    ROLEBINDINGS,
+    SERVICEACCOUNTS,
+    STACKS,
+    Kube,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "deploy" / "kustomize" / "base"
+CONTROLLER_NAMESPACE = "pkobatch-system"
+CONTROLLER_SA = "pkobatch-controller"
+JSON = dict[str, Any]
+
+
+def _apply(kube: Kube, resource: Any, body: JSON, namespace: str | None = None) -> None:
+    kube.apply(resource, body, field_manager="pkobatch-tests", namespace=namespace)
+
+
+def install_controller_rbac(kube: Kube) -> None:
+    """The kustomize base's ClusterRoles, and the controller's ServiceAccount bound to one."""
+    for name in ("controller-clusterrole.yaml", "runner-clusterrole.yaml"):
+        _apply(kube, CLUSTERROLES, yaml.safe_load((BASE / name).read_text()))
+    if kube.get_or_none(NAMESPACES, CONTROLLER_NAMESPACE) is None:
+        kube.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CONTROLLER_NAMESPACE}},
+        )
+    _apply(
+        kube,
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": CONTROLLER_SA}},
+        CONTROLLER_NAMESPACE,
+    )
+    binding = yaml.safe_load((BASE / "controller-clusterrolebinding.yaml").read_text())
+    binding["subjects"] = [
+        {"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": CONTROLLER_NAMESPACE}
+    ]
+    _apply(kube, CLUSTERROLEBINDINGS, binding)
+
+
+def bind_runner(kube: Kube, namespace: str) -> None:
+    """What deploy/kustomize/runner does in a tenant namespace (the SA already exists)."""
+    binding = yaml.safe_load((REPO / "deploy/kustomize/runner/rolebinding.yaml").read_text())
+    _apply(kube, ROLEBINDINGS, binding, namespace)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ControllerProcess:
+    """``python -m pkobatch.main controller`` for one namespace, as the controller SA."""
+
+    def __init__(
+        self,
+        cluster: Any,
+        namespace: str,
+        work_dir: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.work_dir = work_dir
+        self.extra_env = dict(env or {})
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_paths: list[Path] = []
+        work_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        kubeconfig = self.cluster.service_account_kubeconfig(
+            CONTROLLER_NAMESPACE,
+            CONTROLLER_SA,
+            self.work_dir / f"controller-{len(self.log_paths)}.kubeconfig",
+        )
+        env = self.cluster.env(
+            PKOBATCH_JOB__COMMAND=f"{sys.executable},-m,pkobatch.main,job,run",
+            PKOBATCH_RETRY__BASE="1s",
+            PKOBATCH_POLL_INTERVAL="2s",
+            PKOBATCH_JOB__TERMINATION_GRACE_PERIOD="20s",
+            PKOBATCH_LOG_FORMAT="text",
+            **self.extra_env,
+        )
+        env.pop("KUBECONFIG", None)
+        log_path = self.work_dir / f"controller-{len(self.log_paths)}.log"
+        self.log_paths.append(log_path)
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pkobatch.main",
+                    "controller",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--namespaces",
+                    self.namespace,
+                    "--metrics-addr",
+                    f"127.0.0.1:{self.port}",
+                    "--health-addr",
+                    "0",
+                    "--workers",
+                    "4",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_until(self._serving, timeout=60, what="the controller's metrics endpoint")
+
+    def _serving(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the controller exited:\n{self.log_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            self.scrape()
+            return True
+        return False
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` whose labels include ``labels``."""
+        total = 0.0
+        for line in self.scrape().splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            metric, _, label_text = series.partition("{")
+            if metric != name:
+                continue
+            if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
+                total += float(value)
+        return total
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown of any kind, as when a node dies."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.log_paths if p.exists())
+
+
+def apply_stack(kube: Kube, namespace: str, name: str, spec: JSON, **metadata: Any) -> JSON:
+    body = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {"name": name, "namespace": namespace, **metadata},
+        "spec": spec,
+    }
+    return kube.apply(STACKS, body, field_manager=FIELD_MANAGER_CLI, namespace=namespace)
+
+
+def condition(stack: JSON, condition_type: str) -> JSON:
+    for item in (stack.get("status") or {}).get("conditions") or ():
+        if item.get("type") == condition_type:
+            return dict(item)
+    return {}
+
+
+def wait_stack(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    predicate: Callable[[JSON], bool],
+    *,
+    timeout: float = 300.0,
+    what: str = "",
+) -> JSON:
+    """Poll the Stack until ``predicate`` holds; the error shows its last status."""
+    seen: list[JSON] = []
+
+    def check() -> bool:
+        stack = kube.get(STACKS, name, namespace)
+        seen[:] = [stack]
+        return predicate(stack)
+
+    try:
+        wait_until(check, timeout=timeout, what=what or f"stack {namespace}/{name}")
+    except Exception as exc:
+        status = (seen[0].get("status") if seen else None) or {}
+        raise AssertionError(f"{exc}\nlast status: {status}") from exc
+    return seen[0]
+
+
+def ready(stack: JSON) -> bool:
+    meta = stack.get("metadata") or {}
+    status = stack.get("status") or {}
+    return (
+        status.get("observedGeneration") == meta.get("generation")
+        and condition(stack, "Ready").get("status") == "True"
+    )

@@ -1,0 +1,530 @@
+"""The controller end to end: real control plane, real Job controller and node agent, the
+real runner (``pkobatch job run``) and the real Pulumi CLI, test programs in real git
+repositories served over HTTP with basic auth.
+
+Each test starts the controller as a process under its own ServiceAccount with the RBAC of
+deploy/kustomize/base (tests/controller_harness.py), with a 1 s retry base and a 2 s branch
+polling interval so PKO's schedule runs in seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_harness import (
+    ControllerProcess,
+    apply_stack,
+    bind_runner,
+    condition,
+    install_controller_rbac,
+    ready,
+    wait_stack,
+)
+
+from pkobatch.api.constants import (
+    FINALIZER,
+    OPERATION_REQUEST_ANNOTATION,
+    RECONCILE_REQUEST_ANNOTATION,
+    STACK_LABEL,
+)
+from pkobatch.controller.fold import parse_time
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import CONFIGMAPS, EVENTS, JOBS, PODS, SECRETS, STACKS, Kube
+
+pytestmark = pytest.mark.e2e
+JSON = dict[str, Any]
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+SENTINEL = "sentinel-d0-not-leak-7f3a9c"
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(cluster: Any) -> None:
+    install_controller_rbac(cluster.kube)
+
+
+@pytest.fixture
+def controller(
+    cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_bin: Path
+) -> Iterator[ControllerProcess]:
+    bind_runner(cluster.kube, namespace)
+    process = ControllerProcess(cluster, namespace, tmp_path / "controller")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> JSON:
+    """The Secrets the Stacks name: git credentials and the Pulumi passphrase."""
+    values = {
+        "git": {"username": git_server.username, "password": git_server.password},
+        "pulumi": {"passphrase": pulumi_env.passphrase, "token": SENTINEL},
+    }
+    for name, data in values.items():
+        kube.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            },
+            namespace,
+        )
+    return values
+
+
+def literal(value: str) -> JSON:
+    return {"type": "Literal", "literal": {"value": value}}
+
+
+def secret(name: str, key: str) -> JSON:
+    return {"type": "Secret", "secret": {"name": name, "key": key}}
+
+
+def stack_spec(repo: Any, pulumi_env: Any, **extra: Any) -> JSON:
+    """A Stack of the test program in ``repo``, on the test's file:// backend."""
+    env = pulumi_env.env
+    return {
+        "stack": "dev",
+        "projectRepo": repo.http_url,
+        "branch": "main",
+        "gitAuth": {
+            "basicAuth": {
+                "userName": secret("git", "username"),
+                "password": secret("git", "password"),
+            }
+        },
+        "config": {"directory": str(pulumi_env.files_dir)},
+        "secretsRef": {"token": secret("pulumi", "token")},
+        "envRefs": {
+            "PULUMI_BACKEND_URL": literal(env["PULUMI_BACKEND_URL"]),
+            "PULUMI_CONFIG_PASSPHRASE": secret("pulumi", "passphrase"),
+            "PULUMI_HOME": literal(env["PULUMI_HOME"]),
+            "PULUMI_SKIP_UPDATE_CHECK": literal("true"),
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": literal("true"),
+            "PULUMI_PYTHON_CMD": literal(sys.executable),
+        },
+        **extra,
+    }
+
+
+def stack_jobs(kube: Kube, namespace: str, name: str) -> list[JSON]:
+    jobs, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}={name}")
+    return sorted(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
+
+
+def last_update(stack: JSON) -> JSON:
+    return dict((stack.get("status") or {}).get("lastUpdate") or {})
+
+
+def kubectl(cluster: Any, *args: str) -> str:
+    completed = subprocess.run(
+        [KUBECTL, "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def test_stack_from_git_runs_on_each_trigger(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    kubectl(
+        cluster, "wait", "-n", namespace, "stack/app", "--for=condition=Ready", "--timeout=300s"
+    )
+    stack = kube.get(STACKS, "app", namespace)
+    update = last_update(stack)
+    assert update["state"] == "succeeded" and update["type"] == "up"
+    assert update["lastSuccessfulCommit"] == repo.commit
+    outputs = stack["status"]["outputs"]
+    assert outputs["token"] == "[secret]"
+    assert outputs["directory"] == str(pulumi_env.files_dir)
+    assert stack["status"]["projectInfo"]["runtime"] == "python"
+    assert FINALIZER in stack["metadata"]["finalizers"]
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+
+    table = kubectl(cluster, "get", "stacks", "-n", namespace)
+    header = table.splitlines()[0].split()
+    assert header[:3] == ["NAME", "LAST", "UPDATE"] and "READY" in header and "STALLED" in header
+    assert "succeeded" in table.splitlines()[1] and "True" in table.splitlines()[1]
+
+    # A spec edit runs again.
+    spec = stack_spec(repo, pulumi_env)
+    spec["config"]["files"] = "3"
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: ready(s) and last_update(s)["generation"] == 2
+    )
+    assert len(list(pulumi_env.files_dir.iterdir())) == 3
+
+    # A new commit on the branch runs again.
+    sha = repo.update({"NOTES.md": "new commit\n"}, "a new commit")
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: ready(s) and last_update(s)["lastSuccessfulCommit"] == sha
+    )
+
+    # The reconcile-request annotation runs again, and is acknowledged.
+    runs_before = len(stack_jobs(kube, namespace, "app"))
+    kube.merge_patch(
+        STACKS,
+        "app",
+        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "now"}}},
+        namespace,
+    )
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: ready(s) and last_update(s)["reconcileRequest"] == "now"
+    )
+    assert stack["status"]["observedReconcileRequest"] == "now"
+    assert len(stack_jobs(kube, namespace, "app")) >= min(runs_before + 1, 5)
+
+    # A requested refresh runs once and is acknowledged in status.operationRequest.
+    kube.merge_patch(
+        STACKS,
+        "app",
+        {"metadata": {"annotations": {OPERATION_REQUEST_ANNOTATION: "refresh:t1"}}},
+        namespace,
+    )
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (s["status"].get("operationRequest") or {}).get("state") == "Succeeded",
+    )
+    assert "-refresh-" in stack["status"]["operationRequest"]["jobName"]
+    assert condition(stack, "Ready")["status"] == "True"
+
+
+def test_failing_program_retries_then_stalls_and_a_fix_recovers(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    broken = git_repo("syntax-error")
+    apply_stack(kube, namespace, "app", stack_spec(broken, pulumi_env))
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: condition(s, "Stalled").get("reason") == "UpdateFailed",
+        timeout=600,
+    )
+    update = last_update(stack)
+    assert update["state"] == "failed" and update["failures"] == 3
+    assert "up failed 4 times" in condition(stack, "Stalled")["message"]
+    jobs = stack_jobs(kube, namespace, "app")
+    assert len(jobs) == 4
+    # Each retry waited PKO's backoff (base 1 s here): 1 s, 3 s, 9 s after the failed run
+    # ended (the end time its result reports).
+    for attempt in range(3):
+        name = jobs[attempt]["metadata"]["name"]
+        result = json.loads(kube.get(CONFIGMAPS, name, namespace)["data"]["result.json"])
+        ended = parse_time(result["endTime"])
+        next_start = parse_time(jobs[attempt + 1]["metadata"]["creationTimestamp"])
+        assert ended is not None and next_start is not None
+        assert (next_start - ended).total_seconds() >= 3**attempt - 1
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert sum(1 for e in events if e["reason"] == "StackUpdateFailure") >= 4
+
+    # Nothing more happens while stalled (the last backoff would have been 27 s).
+    time.sleep(30)
+    assert len(stack_jobs(kube, namespace, "app")) == 4
+
+    fixed = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(fixed, pulumi_env))
+    stack = wait_stack(kube, namespace, "app", ready, timeout=300)
+    assert condition(stack, "Stalled") == {}
+    assert last_update(stack)["failures"] == 0
+
+
+def test_destroy_on_finalize(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, destroyOnFinalize=True))
+    wait_stack(kube, namespace, "app", ready)
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+
+    # A destroy that fails (the backend passphrase is wrong) keeps the finalizer.
+    wrong = base64.b64encode(b"not-the-passphrase").decode()
+    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": wrong}}, namespace)
+    kube.delete(STACKS, "app", namespace)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (
+            last_update(s).get("type") == "destroy" and last_update(s).get("state") == "failed"
+        ),
+    )
+    assert FINALIZER in stack["metadata"]["finalizers"]
+    assert stack["metadata"].get("deletionTimestamp")
+    assert last_update(stack)["message"]
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+
+    # Fixed: the next retry destroys, and only then the Stack goes away.
+    right = base64.b64encode(secrets["pulumi"]["passphrase"].encode()).decode()
+    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": right}}, namespace)
+    kube.merge_patch(
+        STACKS,
+        "app",
+        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "retry"}}},
+        namespace,
+    )
+    wait_until(
+        lambda: kube.get_or_none(STACKS, "app", namespace) is None,
+        timeout=300,
+        what="the Stack to be destroyed and deleted",
+    )
+    assert list(pulumi_env.files_dir.iterdir()) == []
+
+
+def test_killed_controller_adopts_running_jobs_without_duplicates(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    spec = stack_spec(repo, pulumi_env)
+    spec["config"]["sleepSeconds"] = "15"
+    apply_stack(kube, namespace, "app", spec)
+    wait_stack(kube, namespace, "app", lambda s: bool((s.get("status") or {}).get("currentUpdate")))
+    running = stack_jobs(kube, namespace, "app")
+    assert len(running) == 1
+    controller.kill()
+    # While the controller is down the run goes on; then a new controller takes over.
+    controller.start()
+    stack = wait_stack(kube, namespace, "app", ready, timeout=300)
+    jobs = stack_jobs(kube, namespace, "app")
+    assert [j["metadata"]["uid"] for j in jobs] == [running[0]["metadata"]["uid"]]
+    assert last_update(stack)["name"] == running[0]["metadata"]["name"]
+    assert stack["status"]["outputs"]["token"] == "[secret]"
+
+
+def test_deleted_job_or_pod_is_a_failed_run_and_a_retry(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    spec = stack_spec(repo, pulumi_env)
+    spec["config"]["sleepSeconds"] = "30"
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: bool((s.get("status") or {}).get("currentUpdate"))
+    )
+    first = stack["status"]["currentUpdate"]["name"]
+    kube.delete(JOBS, first, namespace)
+    stack = wait_stack(kube, namespace, "app", lambda s: last_update(s).get("name") == first)
+    assert last_update(stack)["state"] == "failed"
+    assert "disappeared" in last_update(stack)["message"]
+
+    # The retry starts after the backoff; then its pod is deleted.
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (s["status"].get("currentUpdate") or {}).get("name") not in (None, first),
+    )
+    second = stack["status"]["currentUpdate"]["name"]
+
+    def pods() -> list[JSON]:
+        return kube.list_objects(PODS, namespace, label_selector=f"job-name={second}")[0]
+
+    wait_until(lambda: bool(pods()), timeout=120, what="the retry's pod")
+    kube.delete(PODS, pods()[0]["metadata"]["name"], namespace)
+    stack = wait_stack(kube, namespace, "app", lambda s: last_update(s).get("name") == second)
+    assert last_update(stack)["state"] == "failed"
+    assert last_update(stack)["failures"] == 1
+    assert last_update(stack)["message"]
+    # Never wedged: the Stack goes on retrying; with a fast program the next run succeeds.
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    wait_stack(kube, namespace, "app", ready, timeout=300)
+
+
+def test_no_secret_value_leaks(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    wait_stack(kube, namespace, "app", ready)
+    kube.merge_patch(
+        STACKS,
+        "app",
+        {"metadata": {"annotations": {OPERATION_REQUEST_ANNOTATION: "preview:p1"}}},
+        namespace,
+    )
+    wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (
+            (s["status"].get("operationRequest") or {}).get("state") in ("Succeeded", "Failed")
+        ),
+    )
+    planted = [
+        secrets["pulumi"]["token"],
+        secrets["pulumi"]["passphrase"],
+        secrets["git"]["password"],
+    ]
+    places = {
+        "jobs": kube.list_objects(JOBS, namespace)[0],
+        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
+        "stacks": kube.list_objects(STACKS, namespace)[0],
+        "events": kube.list_objects(EVENTS, namespace)[0],
+    }
+    for where, objects in places.items():
+        text = json.dumps(objects)
+        for value in planted:
+            assert value not in text, f"a secret value is in {where}"
+    log = controller.log_text()
+    for value in planted:
+        assert value not in log, "a secret value is in the controller's log"
+
+
+def request(kube: Kube, namespace: str, value: str) -> JSON:
+    kube.merge_patch(
+        STACKS,
+        "app",
+        {"metadata": {"annotations": {OPERATION_REQUEST_ANNOTATION: value}}},
+        namespace,
+    )
+    return wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (
+            (s["status"].get("operationRequest") or {}).get("request") == value
+            and s["status"]["operationRequest"]["state"] in ("Succeeded", "Failed", "Rejected")
+        ),
+    )
+
+
+def test_requested_destroy_holds_until_up_and_cancel_stops_a_run(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    wait_stack(kube, namespace, "app", ready)
+
+    stack = request(kube, namespace, "destroy:t1")
+    assert stack["status"]["operationRequest"]["state"] == "Succeeded"
+    assert last_update(stack)["type"] == "destroy"
+    assert condition(stack, "Stalled")["reason"] == "DestroyedOnRequest"
+    assert list(pulumi_env.files_dir.iterdir()) == []
+    # Held: a new commit does not bring the stack back.
+    runs = len(stack_jobs(kube, namespace, "app"))
+    repo.update({"NOTES.md": "x\n"}, "new commit while held")
+    time.sleep(10)
+    assert len(stack_jobs(kube, namespace, "app")) == runs
+    assert list(pulumi_env.files_dir.iterdir()) == []
+
+    stack = request(kube, namespace, "up:t2")
+    assert stack["status"]["operationRequest"]["state"] == "Succeeded"
+    stack = wait_stack(kube, namespace, "app", ready)
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+
+    # Cancel: a slow update is stopped, recorded as failed, and the request acknowledged.
+    slow = stack_spec(repo, pulumi_env, suspend=False)
+    slow["config"]["content"] = "slow"
+    slow["config"]["sleepSeconds"] = "60"
+    apply_stack(kube, namespace, "app", slow)
+    stack = wait_stack(kube, namespace, "app", lambda s: bool(s["status"].get("currentUpdate")))
+    running = stack["status"]["currentUpdate"]["name"]
+    suspended = {**slow, "suspend": True}
+    apply_stack(kube, namespace, "app", suspended)
+    stack = request(kube, namespace, "cancel:t3")
+    assert stack["status"]["operationRequest"]["state"] == "Succeeded"
+    assert stack["status"]["operationRequest"]["jobName"] == running
+    assert last_update(stack)["name"] == running and "cancelled" in last_update(stack)["message"]
+    wait_until(
+        lambda: kube.get_or_none(JOBS, running, namespace) is None,
+        timeout=120,
+        what="the cancelled Job to be gone",
+    )
+    assert [
+        j["metadata"]["name"] for j in stack_jobs(kube, namespace, "app") if not finished(j)
+    ] == []
+
+
+def finished(job: JSON) -> bool:
+    return any(
+        c["type"] in ("Complete", "Failed") and c["status"] == "True"
+        for c in job.get("status", {}).get("conditions") or ()
+    )
+
+
+def test_drift_is_detected_and_remediated(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    spec = stack_spec(repo, pulumi_env, driftDetection={"schedule": "* * * * *", "remediate": True})
+    apply_stack(kube, namespace, "app", spec)
+    wait_stack(kube, namespace, "app", ready)
+    target = pulumi_env.files_dir / "file-0.txt"
+    target.write_text("changed behind Pulumi's back")
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: condition(s, "Drifted").get("reason") == "Remediated",
+        timeout=240,
+    )
+    check = stack["status"]["lastDriftCheck"]
+    assert check["state"] == "succeeded" and check["driftedResources"] >= 1
+    assert target.read_text() == "hello 0"
+    assert condition(stack, "Ready")["status"] == "True"
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert any(e["reason"] == "DriftDetected" for e in events)

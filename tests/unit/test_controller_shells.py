@@ -1,0 +1,349 @@
+"""The controller's shared pieces outside ``plan``: merge patches, the run-slot admission,
+the prerequisite index, the branch poller (with a fake ``ls-remote`` and clock), and the
+events' shape. The API side of these is covered by tests/integration/test_controller_*.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pkobatch.controller.act import merge_patch
+from pkobatch.controller.events import MAX_NOTE_CHARS, event_body
+from pkobatch.controller.plan import SourceHead
+from pkobatch.controller.polling import (
+    CredentialRef,
+    GitCredentials,
+    GitPoller,
+    PollError,
+    PollKey,
+    branch_ref,
+    poll_key,
+    scrub,
+)
+from pkobatch.controller.reconcile import Admission, Dependents, TemplateInvalid, load_template
+from pkobatch.runtime.interfaces import StackKey
+
+A, B, C, D = (StackKey("ns", n) for n in "abcd")
+
+
+def test_merge_patch_is_minimal_and_removes_keys() -> None:
+    old = {"a": 1, "b": {"x": 1, "y": 2}, "c": [1], "gone": {"z": 1}}
+    new = {"a": 1, "b": {"x": 1, "y": 3}, "c": [1, 2], "added": None}
+    assert merge_patch(old, new) == {"b": {"y": 3}, "c": [1, 2], "gone": None, "added": None}
+    assert merge_patch(old, old) == {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_admission_caps_active_jobs_and_serves_the_oldest_waiter_first() -> None:
+    woken: list[StackKey] = []
+    clock = Clock()
+    admission = Admission(2, woken.append, clock)
+    assert admission.acquire(A)
+    admission.track(A, "a-job")
+    assert admission.acquire(B)
+    clock.now = 1
+    assert not admission.acquire(C)  # full: C waits
+    clock.now = 2
+    assert not admission.acquire(D)  # D waits behind C
+    admission.track(B, None)  # B's run reserved a slot but it never showed; still counted
+    admission.track(A, None)  # A's Job finished: one slot free
+    assert woken == [C]
+    assert not admission.acquire(D)  # D may not jump the queue
+    assert admission.acquire(C)
+
+
+def test_admission_reservations_expire() -> None:
+    clock = Clock()
+    admission = Admission(1, lambda key: None, clock)
+    assert admission.acquire(A)
+    assert not admission.acquire(B)
+    clock.now = 61
+    assert admission.acquire(B)
+
+
+def test_admission_seeds_running_jobs() -> None:
+    admission = Admission(1, lambda key: None)
+    running = {"metadata": {"name": "a-up-1", "namespace": "ns"}, "status": {}}
+    done = {
+        "metadata": {"name": "b-up-1", "namespace": "ns"},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    admission.seed([running, done], lambda job: StackKey("ns", job["metadata"]["name"][0]))
+    assert not admission.acquire(C)
+
+
+def test_dependents_follow_spec_changes() -> None:
+    index = Dependents()
+    index.record(A, ["b", "c"])
+    index.record(D, ["b"])
+    assert index.of(B) == [A, D]
+    index.record(A, ["c"])
+    assert index.of(B) == [D]
+    assert index.of(C) == [A]
+
+
+def test_template_file_problems_are_reported(tmp_path: Any) -> None:
+    with pytest.raises(TemplateInvalid, match="cannot read"):
+        load_template(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Pod\n")
+    with pytest.raises(TemplateInvalid, match="kind: Job"):
+        load_template(str(bad))
+    assert load_template("")["kind"] == "Job"
+
+
+def test_event_body_is_bounded_and_names_the_stack() -> None:
+    stack = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {"name": "app", "namespace": "ns", "uid": "u", "resourceVersion": "7"},
+    }
+    body = event_body(stack, "Warning", "StackUpdateFailure", "x" * 5000, datetime.now(UTC), "pod")
+    assert len(body["note"]) == MAX_NOTE_CHARS
+    assert body["regarding"]["uid"] == "u" and body["metadata"]["namespace"] == "ns"
+    assert body["metadata"]["name"].startswith("app.")
+
+
+# ---------------------------------------------------------------------------------------
+# Branch polling
+# ---------------------------------------------------------------------------------------
+
+
+def test_poll_key_identifies_credentials_by_reference() -> None:
+    key = poll_key(
+        "ns",
+        {
+            "projectRepo": "https://g/x.git",
+            "branch": "main",
+            "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "t"}}},
+        },
+    )
+    assert key == PollKey(
+        "https://g/x.git",
+        "refs/heads/main",
+        GitCredentials(
+            "token", "ns", username=CredentialRef(literal="git"), password=CredentialRef("git", "t")
+        ),
+    )
+    assert poll_key("ns", {"projectRepo": "https://g/x.git", "commit": "abc"}) is None
+    assert poll_key("ns", {"stack": "dev"}) is None
+    assert branch_ref("refs/heads/x") == "refs/heads/x"
+
+
+def test_scrub_removes_credentials_from_urls() -> None:
+    text = "fatal: unable to access 'https://bot:s3cret@git.example/x.git/': 403\n"
+    assert "s3cret" not in scrub(text) and "git.example" in scrub(text)
+
+
+class FakeGit:
+    def __init__(self) -> None:
+        self.heads = {"refs/heads/main": "1" * 40}
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, url: str, ref: str, creds: Any, timeout: float) -> str:
+        self.gate.wait(10)
+        self.calls += 1
+        if ref not in self.heads:
+            raise PollError(f"{ref} does not exist in the repository")
+        return self.heads[ref]
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_many_stacks_share_one_ls_remote_per_interval() -> None:
+    git = FakeGit()
+    woken: list[StackKey] = []
+    clock = Clock()
+    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    stacks = [StackKey("ns", f"s{i}") for i in range(200)]
+    for stack in stacks:
+        assert poller.head(stack, key) == SourceHead()
+    poller.poll_due()
+    wait_for(lambda: len(woken) == 200)
+    assert git.calls == 1 == poller.calls
+    assert {s: poller.head(s, key) for s in stacks} == dict.fromkeys(stacks, SourceHead("1" * 40))
+    clock.now = 30
+    poller.poll_due()
+    assert git.calls == 1
+    clock.now = 60
+    poller.poll_due()
+    wait_for(lambda: git.calls == 2)
+    time.sleep(0.05)
+    assert len(woken) == 200  # same head: nobody is woken
+    git.heads["refs/heads/main"] = "2" * 40
+    clock.now = 120
+    poller.poll_due()
+    wait_for(lambda: len(woken) == 400)
+    assert poller.head(stacks[0], key).commit == "2" * 40
+    poller.stop()
+
+
+def test_a_poll_in_flight_is_not_repeated_and_never_blocks_head() -> None:
+    git = FakeGit()
+    git.gate.clear()
+    clock = Clock()
+    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=clock)  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.poll_due()
+    clock.now = 120
+    poller.poll_due()
+    started = time.monotonic()
+    assert poller.head(B, key) == SourceHead()
+    assert time.monotonic() - started < 1
+    git.gate.set()
+    wait_for(lambda: git.calls == 1)
+    time.sleep(0.05)
+    assert git.calls == 1
+    poller.stop()
+
+
+def test_poll_errors_are_reported_per_key() -> None:
+    git = FakeGit()
+    woken: list[StackKey] = []
+    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=Clock())  # type: ignore[arg-type]
+    missing = PollKey("https://g/x.git", "refs/heads/nope", None)
+    poller.head(A, missing)
+    poller.poll_due()
+    wait_for(lambda: woken == [A])
+    assert poller.head(A, missing) == SourceHead(
+        error="refs/heads/nope does not exist in the repository"
+    )
+    poller.stop()
+
+
+def test_longer_resync_frequency_slows_a_key_down() -> None:
+    git = FakeGit()
+    clock = Clock()
+    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=clock)  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key, resync_seconds=600)
+    poller.poll_due()
+    wait_for(lambda: git.calls == 1)
+    clock.now = 120
+    poller.poll_due()
+    time.sleep(0.05)
+    assert git.calls == 1
+    poller.head(B, key)  # a Stack without a preference: the key goes back to 60 s
+    poller.poll_due()
+    wait_for(lambda: git.calls == 2)
+    poller.stop()
+
+
+def test_forgotten_stacks_are_not_polled_for() -> None:
+    git = FakeGit()
+    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=Clock())  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.forget(A)
+    poller.poll_due()
+    time.sleep(0.05)
+    assert git.calls == 0
+    poller.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Observe: the two cache gaps closed by a live read (a real server cannot be made to lag)
+# ---------------------------------------------------------------------------------------
+
+
+class LiveReads:
+    """Answers ``get`` from a dict; records what was asked."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.objects = objects
+        self.asked: list[tuple[str, str]] = []
+
+    def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        from pkobatch.kube.client import NotFound
+
+        self.asked.append((resource.plural, name))
+        if (resource.plural, name) not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        return self.objects[(resource.plural, name)]
+
+
+def observer_world(current: str, jobs: list[dict[str, Any]], live: LiveReads) -> Any:
+    from pkobatch.controller.observe import Observer
+    from pkobatch.runtime.interfaces import Stores
+    from pkobatch.runtime.store import Store
+
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    stores.stacks.upsert(
+        {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "metadata": {"name": "app", "namespace": "ns", "uid": "stack-uid"},
+            "spec": {"stack": "dev"},
+            "status": {"currentUpdate": {"name": current}},
+        }
+    )
+    for job in jobs:
+        stores.jobs.upsert(job)
+    poller = GitPoller(None, 60.0, lambda key: None)  # type: ignore[arg-type]
+    return Observer(live, stores, poller)  # type: ignore[arg-type]
+
+
+def job_of(name: str, uid: str = "stack-uid", done: bool = False) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {"pkobatch.io/stack": "app"},
+            "ownerReferences": [{"kind": "Stack", "name": "app", "uid": uid, "controller": True}],
+        },
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]} if done else {},
+    }
+
+
+def test_observe_reads_a_current_job_the_cache_has_not_shown_yet() -> None:
+    live = LiveReads({("jobs", "app-up-1"): job_of("app-up-1")})
+    observed = observer_world("app-up-1", [], live).observe(
+        StackKey("ns", "app"), datetime.now(UTC)
+    )
+    assert [j["metadata"]["name"] for j in observed.jobs] == ["app-up-1"]
+    assert live.asked == [("jobs", "app-up-1")]
+
+
+def test_observe_confirms_a_vanished_job_and_a_missing_result() -> None:
+    live = LiveReads({})
+    observed = observer_world("app-up-1", [], live).observe(
+        StackKey("ns", "app"), datetime.now(UTC)
+    )
+    assert observed.jobs == []
+    live = LiveReads({("configmaps", "app-up-2"): {"metadata": {"name": "app-up-2"}}})
+    observed = observer_world("app-up-2", [job_of("app-up-2", done=True)], live).observe(
+        StackKey("ns", "app"), datetime.now(UTC)
+    )
+    assert list(observed.results) == ["app-up-2"]
+    assert live.asked == [("configmaps", "app-up-2")]
+
+
+def test_observe_ignores_jobs_of_an_earlier_stack_with_the_same_name() -> None:
+    live = LiveReads({})
+    world = observer_world("", [job_of("app-up-old", uid="previous-uid"), job_of("app-up-1")], live)
+    observed = world.observe(StackKey("ns", "app"), datetime.now(UTC))
+    assert [j["metadata"]["name"] for j in observed.jobs] == ["app-up-1"]
+    assert live.asked == []

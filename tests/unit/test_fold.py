@@ -1,0 +1,185 @@
+"""pkobatch.controller.fold: outcomes of finished runs and PKO's lastUpdate bookkeeping."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.run import RunResult, StackRef
+from pkobatch.controller.fold import (
+    Outcome,
+    folded_last_update,
+    folded_outputs,
+    job_outcome,
+    metric_result,
+    parse_time,
+    read_result,
+    same_commit,
+    sanitize_output_key,
+)
+from pkobatch.controller.jobs import Run
+
+NOW = datetime(2026, 2, 1, 8, 0, tzinfo=UTC)
+RUN = Run("up", "sync", 2, "", "c1", "after::c1")
+JOB: dict[str, Any] = {
+    "metadata": {"name": "app-up-1", "uid": "job-uid"},
+    "spec": {"activeDeadlineSeconds": 600},
+    "status": {},
+}
+
+
+def result(**changes: Any) -> RunResult:
+    values: dict[str, Any] = {
+        "operation": "up",
+        "state": "succeeded",
+        "reason": "Succeeded",
+        "stack": StackRef(name="app", namespace="ns", uid="stack-uid"),
+        "job_name": "app-up-1",
+        "commit": "c1",
+        **changes,
+    }
+    return RunResult(**values)
+
+
+def configmap(run_result: RunResult | str, owner_uid: str = "job-uid") -> dict[str, Any]:
+    text = run_result if isinstance(run_result, str) else run_result.to_json()
+    return {
+        "metadata": {
+            "name": "app-up-1",
+            "ownerReferences": [{"kind": "Job", "name": "app-up-1", "uid": owner_uid}],
+        },
+        "data": {RESULT_KEY: text},
+    }
+
+
+def finished(kind: str, **fields: Any) -> dict[str, Any]:
+    condition = {"type": kind, "status": "True", "lastTransitionTime": "2026-02-01T07:59:00Z"}
+    return {**JOB, "status": {"conditions": [{**condition, **fields}]}}
+
+
+def test_running_job_has_no_outcome() -> None:
+    assert job_outcome(JOB, None, "stack-uid", NOW) is None
+
+
+def test_genuine_result_is_accepted() -> None:
+    outcome = job_outcome(finished("Complete"), configmap(result()), "stack-uid", NOW)
+    assert outcome is not None and outcome.succeeded and outcome.result is not None
+    assert outcome.finished_at == datetime(2026, 2, 1, 7, 59, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("cm", "problem"),
+    [
+        (configmap(result(), owner_uid="other"), "not owned by Job"),
+        (configmap("{not json"), "not a result this controller understands"),
+        (configmap(result().to_json().replace("run-result/v1", "run-result/v9")), "runner image"),
+        (configmap(result(job_name="app-up-2")), "written for another run"),
+        (configmap(result(stack=StackRef(name="app", namespace="ns", uid="x"))), "another run"),
+    ],
+)
+def test_results_that_are_not_this_runs_are_rejected(cm: dict[str, Any], problem: str) -> None:
+    found, message = read_result(cm, JOB, "stack-uid")
+    assert found is None and problem in message
+    outcome = job_outcome(finished("Complete"), cm, "stack-uid", NOW)
+    assert outcome is not None and outcome.state == "failed" and problem in outcome.message
+
+
+def test_failed_result_keeps_the_runners_reason() -> None:
+    cm = configmap(result(state="failed", reason="UpdateConflict", message="locked"))
+    outcome = job_outcome(finished("Failed", reason="BackoffLimitExceeded"), cm, "stack-uid", NOW)
+    assert outcome is not None
+    assert (outcome.reason, outcome.message) == ("UpdateConflict", "locked")
+    assert metric_result(outcome) == "conflict"
+
+
+def test_deadline_and_disruption_are_told_apart() -> None:
+    deadline = job_outcome(finished("Failed", reason="DeadlineExceeded"), None, "u", NOW)
+    assert deadline is not None and deadline.reason == "DeadlineExceeded"
+    assert "600s" in deadline.message and metric_result(deadline) == "timeout"
+    evicted = job_outcome(
+        finished(
+            "Failed",
+            reason="PodFailurePolicy",
+            message="Pod ns/p has condition DisruptionTarget matching FailJob rule at index 0",
+        ),
+        None,
+        "u",
+        NOW,
+    )
+    assert evicted is not None and evicted.reason == "Interrupted"
+    crashed = job_outcome(
+        finished("Failed", reason="PodFailurePolicy", message="Container pulumi exit code 137"),
+        None,
+        "u",
+        NOW,
+    )
+    assert crashed is not None and crashed.reason == "JobFailed"
+
+
+def outcome(state: str = "succeeded", **changes: Any) -> Outcome:
+    run_result = result(
+        state=state, reason="Succeeded" if state == "succeeded" else "ProgramError", **changes
+    )
+    return Outcome(run_result.state, run_result.reason, run_result.message, NOW, run_result)
+
+
+def test_first_failure_of_a_spec_counts_zero_and_repeats_count_up() -> None:
+    first = folded_last_update(None, RUN, "j1", outcome("failed"))
+    assert first["failures"] == 0 and first["state"] == "failed"
+    second = folded_last_update(first, RUN, "j2", outcome("failed"))
+    assert second["failures"] == 1
+    other_generation = folded_last_update(
+        second, Run("up", "sync", 3, "", "c1", "t"), "j3", outcome("failed")
+    )
+    assert other_generation["failures"] == 0
+    other_commit = folded_last_update(second, RUN, "j4", outcome("failed", commit="c2"))
+    assert other_commit["failures"] == 0
+
+
+def test_success_resets_and_records_the_commit() -> None:
+    failed = folded_last_update(None, RUN, "j1", outcome("failed"))
+    ok = folded_last_update(failed, RUN, "j2", outcome(permalink="https://app.pulumi.com/x"))
+    assert ok == {
+        "generation": 2,
+        "reconcileRequest": "",
+        "name": "j2",
+        "type": "up",
+        "state": "succeeded",
+        "message": "",
+        "lastAttemptedCommit": "c1",
+        "lastSuccessfulCommit": "c1",
+        "permalink": "https://app.pulumi.com/x",
+        "lastResyncTime": "2026-02-01T08:00:00Z",
+        "failures": 0,
+    }
+    after = folded_last_update(ok, RUN, "j3", outcome("failed", commit="c1"))
+    assert after["failures"] == 1 and after["lastSuccessfulCommit"] == "c1"
+
+
+def test_outputs_follow_up_and_destroy_only() -> None:
+    previous = {"old": 1}
+    up = outcome(outputs={"a/b": 1, "pw": "x"}, secret_outputs=["pw"])
+    assert folded_outputs(previous, RUN, up) == {"a_b": 1, "pw": "[secret]"}
+    preview = Run("preview", "sync", 2, "", "c1", "t")
+    assert folded_outputs(previous, preview, up) == previous
+    assert folded_outputs(previous, RUN, outcome("failed")) == previous
+    destroy = Run("destroy", "sync", 2, "", "c1", "t")
+    assert folded_outputs(previous, destroy, outcome(operation="destroy")) == {}
+
+
+def test_helpers() -> None:
+    assert sanitize_output_key("my key:x") == "my_key_x"
+    assert same_commit("abc1234", "abc1234" + "0" * 33)
+    assert not same_commit("abc", "abd")
+    assert same_commit("", "")
+    assert not same_commit("", "abc")
+    assert parse_time("2026-02-01T08:00:00Z") == NOW
+    assert parse_time("garbage") is None
+
+
+def test_a_result_counts_before_the_job_is_marked_finished() -> None:
+    outcome = job_outcome(JOB, configmap(result()), "stack-uid", NOW)
+    assert outcome is not None and outcome.succeeded and outcome.finished_at == NOW

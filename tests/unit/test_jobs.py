@@ -1,0 +1,504 @@
+"""pkobatch.controller.jobs: the Job of one run, from template, settings and Stack."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkobatch.api.constants import OPERATION_LABEL, STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.api.run import ProjectInfo, RunSnapshot
+from pkobatch.api.stack import StackSpec
+from pkobatch.config import JobSettings, Settings
+from pkobatch.controller.jobs import (
+    RUN_ANNOTATION,
+    JobBuildError,
+    Run,
+    build_job,
+    builtin_template,
+    job_name,
+    merge_named,
+    parse_template,
+    stack_label_value,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN = Run(
+    operation="up",
+    kind="sync",
+    generation=3,
+    reconcile_request="r1",
+    commit="abc",
+    trigger="after::abc",
+)
+
+
+def stack(name: str = "app") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": "uid-1", "generation": 3},
+        "spec": {},
+    }
+
+
+def build(
+    spec: dict[str, Any], settings: JobSettings | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    full = {"stack": "dev", **spec}
+    return build_job(
+        stack(),
+        StackSpec.model_validate(full),
+        kwargs.pop("run", RUN),
+        settings or JobSettings(),
+        builtin_template(),
+        **kwargs,
+    )
+
+
+def container(job: dict[str, Any]) -> dict[str, Any]:
+    containers = job["spec"]["template"]["spec"]["containers"]
+    found = [c for c in containers if c["name"] == "pulumi"]
+    assert len(found) == 1
+    return found[0]
+
+
+def env(job: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container(job).get("env", [])}
+
+
+def snapshot(job: dict[str, Any]) -> RunSnapshot:
+    args = container(job)["args"]
+    assert args[0] == "--snapshot"
+    return RunSnapshot.model_validate_json(args[1])
+
+
+# ---------------------------------------------------------------------------------------
+# Names and labels
+# ---------------------------------------------------------------------------------------
+
+
+def test_job_names_are_deterministic_and_differ_per_trigger() -> None:
+    first = job_name("app", "uid-1", RUN)
+    assert first == job_name("app", "uid-1", RUN)
+    assert first.startswith("app-up-") and len(first) == len("app-up-") + 10
+    others = {
+        job_name("app", "uid-2", RUN),
+        job_name("app", "uid-1", Run(**{**RUN.__dict__, "generation": 4})),
+        job_name("app", "uid-1", Run(**{**RUN.__dict__, "reconcile_request": "r2"})),
+        job_name("app", "uid-1", Run(**{**RUN.__dict__, "trigger": "after:x:abc"})),
+        job_name("app", "uid-1", Run(**{**RUN.__dict__, "kind": "request"})),
+    }
+    assert first not in others and len(others) == 5
+
+
+def test_long_stack_names_give_valid_job_names() -> None:
+    name = job_name("s" * 42, "uid", Run(**{**RUN.__dict__, "operation": "refresh"}))
+    assert len(name) <= 63
+    long_name = job_name("a" * 80, "uid", RUN)
+    assert len(long_name) <= 63 and not long_name.startswith("-")
+
+
+def test_long_stack_label_is_hashed_and_annotated() -> None:
+    assert stack_label_value("app") == "app"
+    value = stack_label_value("x" * 80)
+    assert len(value) <= 63 and value != "x" * 63
+    job = build_job(stack("y" * 70), StackSpec(stack="dev"), RUN, JobSettings(), builtin_template())
+    assert job["metadata"]["annotations"][STACK_NAME_ANNOTATION] == "y" * 70
+    assert len(job["metadata"]["labels"][STACK_LABEL]) <= 63
+
+
+def test_job_has_the_run_contract_fields() -> None:
+    settings = JobSettings(
+        ttl_after_finished="2h", active_deadline="30m", termination_grace_period="90s"
+    )
+    job = build({}, settings)
+    meta = job["metadata"]
+    assert meta["namespace"] == "team"
+    assert meta["labels"] == {
+        "app.kubernetes.io/managed-by": "pkobatch",
+        "pkobatch.io/stack": "app",
+        "pkobatch.io/operation": "up",
+    }
+    assert job["spec"]["template"]["metadata"]["labels"] == meta["labels"]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "name": "app",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 1800
+    assert spec["ttlSecondsAfterFinished"] == 7200
+    assert spec["podFailurePolicy"]["rules"][0] == {
+        "action": "FailJob",
+        "onPodConditions": [{"type": "DisruptionTarget"}],
+    }
+    pod = spec["template"]
+    assert (
+        pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    )
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 90
+    assert env(job)["PKOBATCH_GRACE_PERIOD_SECONDS"] == {
+        "name": "PKOBATCH_GRACE_PERIOD_SECONDS",
+        "value": "90",
+    }
+    assert pod["spec"]["serviceAccountName"] == "pkobatch-runner"
+    runner = container(job)
+    assert runner["image"] == "pkobatch/runner:0.1.0"
+    assert runner["command"] == ["pkobatch", "job", "run"]
+    assert Run.from_job(job) == RUN
+
+
+def test_timeout_seconds_sets_the_deadline() -> None:
+    assert build({"timeoutSeconds": 120})["spec"]["activeDeadlineSeconds"] == 120
+
+
+def test_snapshot_carries_the_run() -> None:
+    info = ProjectInfo(name="app", runtime="python")
+    job = build({"projectRepo": "https://g/x.git", "branch": "main"}, project_info=info)
+    snap = snapshot(job)
+    assert snap.operation == "up"
+    assert snap.job_name == job["metadata"]["name"] == snap.result_config_map
+    assert (snap.generation, snap.reconcile_request, snap.commit) == (3, "r1", "abc")
+    assert snap.stack.model_dump() == {"name": "app", "namespace": "team", "uid": "uid-1"}
+    assert snap.spec["projectRepo"] == "https://g/x.git"
+    assert snap.secret_env == []
+    assert snap.project_info == info
+    assert snap.drift_check is False
+
+
+def test_alias_dialect_reaches_the_runner_canonical() -> None:
+    snap = snapshot(build({"projectPath": "infra", "destroyOnDelete": True}))
+    assert snap.spec["repoDir"] == "infra" and snap.spec["destroyOnFinalize"] is True
+    assert "projectPath" not in snap.spec
+
+
+# ---------------------------------------------------------------------------------------
+# Credentials are references
+# ---------------------------------------------------------------------------------------
+
+
+def secret_ref(name: str, key: str) -> dict[str, Any]:
+    return {"secretKeyRef": {"name": name, "key": key, "optional": True}}
+
+
+def test_env_refs_become_secret_key_refs_or_values() -> None:
+    job = build(
+        {
+            "envRefs": {
+                "AWS_SECRET": {"type": "Secret", "secret": {"name": "aws", "key": "secret"}},
+                "REGION": {"type": "Literal", "literal": {"value": "eu-west-1"}},
+            },
+            "backend": "s3://state",
+        }
+    )
+    variables = env(job)
+    assert variables["AWS_SECRET"] == {
+        "name": "AWS_SECRET",
+        "valueFrom": secret_ref("aws", "secret"),
+    }
+    assert variables["REGION"] == {"name": "REGION", "value": "eu-west-1"}
+    assert variables["PULUMI_BACKEND_URL"] == {"name": "PULUMI_BACKEND_URL", "value": "s3://state"}
+
+
+def test_env_secrets_and_access_token_secret() -> None:
+    job = build({"envSecrets": ["creds"], "envs": ["settings"], "accessTokenSecret": "pulumi"})
+    runner = container(job)
+    assert runner["envFrom"] == [
+        {"configMapRef": {"name": "settings", "optional": True}},
+        {"secretRef": {"name": "creds", "optional": True}},
+    ]
+    tokens = [e for e in runner["env"] if e["name"] == "PULUMI_ACCESS_TOKEN"]
+    assert tokens == [
+        {"name": "PULUMI_ACCESS_TOKEN", "valueFrom": secret_ref("creds", "accessToken")},
+        {"name": "PULUMI_ACCESS_TOKEN", "valueFrom": secret_ref("pulumi", "accessToken")},
+    ]
+
+
+def test_explicit_access_token_wins_over_derived_ones() -> None:
+    job = build(
+        {
+            "envSecrets": ["creds"],
+            "envRefs": {
+                "PULUMI_ACCESS_TOKEN": {"type": "Secret", "secret": {"name": "tok", "key": "t"}}
+            },
+        }
+    )
+    tokens = [e for e in container(job)["env"] if e["name"] == "PULUMI_ACCESS_TOKEN"]
+    assert tokens == [{"name": "PULUMI_ACCESS_TOKEN", "valueFrom": secret_ref("tok", "t")}]
+
+
+def test_config_and_secret_refs_reach_the_runner_through_named_env() -> None:
+    job = build(
+        {
+            "configRef": {
+                "app:size": {"name": "cfg", "key": "size"},
+                "app:obj": {"name": "cfg", "key": "obj", "json": True},
+            },
+            "secretsRef": {
+                "app:password": {"type": "Secret", "secret": {"name": "db", "key": "password"}},
+                "app:literal": {"type": "Literal", "literal": {"value": "plain"}},
+            },
+        }
+    )
+    snap = snapshot(job)
+    variables = env(job)
+    by_key = {key: value.model_dump(by_alias=True) for key, value in snap.config_from_env.items()}
+    assert by_key["app:obj"] == {"env": "PKOBATCH_CONFIG_0", "secret": False, "json": True}
+    assert by_key["app:size"] == {"env": "PKOBATCH_CONFIG_1", "secret": False, "json": False}
+    assert variables["PKOBATCH_CONFIG_1"]["valueFrom"] == {
+        "configMapKeyRef": {"name": "cfg", "key": "size", "optional": True}
+    }
+    assert by_key["app:password"]["secret"] is True
+    password_env = by_key["app:password"]["env"]
+    assert variables[password_env]["valueFrom"] == secret_ref("db", "password")
+    assert variables[by_key["app:literal"]["env"]]["value"] == "plain"
+
+
+@pytest.mark.parametrize(
+    ("git_auth", "expected_env", "expected_names"),
+    [
+        (
+            {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
+            {"PKOBATCH_GIT_TOKEN": secret_ref("git", "token")},
+            {"tokenEnv": "PKOBATCH_GIT_TOKEN"},
+        ),
+        (
+            {
+                "sshAuth": {
+                    "sshPrivateKey": {"type": "Secret", "secret": {"name": "ssh", "key": "key"}},
+                    "password": {"type": "Secret", "secret": {"name": "ssh", "key": "pass"}},
+                }
+            },
+            {
+                "PKOBATCH_GIT_SSH_PRIVATE_KEY": secret_ref("ssh", "key"),
+                "PKOBATCH_GIT_SSH_PASSPHRASE": secret_ref("ssh", "pass"),
+            },
+            {
+                "sshPrivateKeyEnv": "PKOBATCH_GIT_SSH_PRIVATE_KEY",
+                "sshPassphraseEnv": "PKOBATCH_GIT_SSH_PASSPHRASE",
+            },
+        ),
+        (
+            {
+                "basicAuth": {
+                    "userName": {"type": "Literal", "literal": {"value": "bot"}},
+                    "password": {"type": "Secret", "secret": {"name": "git", "key": "pw"}},
+                }
+            },
+            {"PKOBATCH_GIT_PASSWORD": secret_ref("git", "pw")},
+            {"usernameEnv": "PKOBATCH_GIT_USERNAME", "passwordEnv": "PKOBATCH_GIT_PASSWORD"},
+        ),
+    ],
+)
+def test_git_auth_is_passed_by_reference(
+    git_auth: dict[str, Any], expected_env: dict[str, Any], expected_names: dict[str, str]
+) -> None:
+    job = build({"projectRepo": "https://g/x.git", "branch": "main", "gitAuth": git_auth})
+    variables = env(job)
+    for name, value_from in expected_env.items():
+        assert variables[name]["valueFrom"] == value_from
+    snap = snapshot(job)
+    assert snap.git_auth is not None
+    assert snap.git_auth.model_dump(by_alias=True, exclude_none=True) == expected_names
+
+
+def test_deprecated_git_auth_secret_offers_every_key() -> None:
+    job = build({"projectRepo": "https://g/x.git", "branch": "main", "gitAuthSecret": "git"})
+    variables = env(job)
+    assert variables["PKOBATCH_GIT_SSH_PRIVATE_KEY"]["valueFrom"] == secret_ref(
+        "git", "sshPrivateKey"
+    )
+    assert variables["PKOBATCH_GIT_TOKEN"]["valueFrom"] == secret_ref("git", "accessToken")
+    assert variables["PKOBATCH_GIT_USERNAME"]["valueFrom"] == secret_ref("git", "username")
+    assert variables["PKOBATCH_GIT_PASSWORD"]["valueFrom"] == secret_ref("git", "password")
+
+
+def test_github_app_auth_is_refused_with_advice() -> None:
+    ref = {"type": "Secret", "secret": {"name": "app", "key": "k"}}
+    with pytest.raises(JobBuildError, match="githubApp"):
+        build(
+            {
+                "projectRepo": "https://g/x.git",
+                "branch": "main",
+                "gitAuth": {"githubApp": {"appID": ref, "installationID": ref, "privateKey": ref}},
+            }
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# workspaceTemplate and jobTemplate
+# ---------------------------------------------------------------------------------------
+
+
+def test_workspace_template_is_mapped_onto_the_job() -> None:
+    job = build(
+        {
+            "serviceAccountName": "",
+            "workspaceTemplate": {
+                "metadata": {"labels": {"ignored": "yes"}},
+                "spec": {
+                    "image": "registry/runner:1",
+                    "imagePullPolicy": "Always",
+                    "serviceAccountName": "deployer",
+                    "resources": {"requests": {"cpu": "2"}},
+                    "env": [{"name": "EXTRA", "value": "1"}],
+                    "envFrom": [{"secretRef": {"name": "more"}}],
+                    "podTemplate": {
+                        "metadata": {"labels": {"team": "infra"}, "annotations": {"a": "b"}},
+                        "spec": {
+                            "nodeSelector": {"pool": "pulumi"},
+                            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                            "volumes": [{"name": "cache", "emptyDir": {}}],
+                            "containers": [
+                                {
+                                    "name": "pulumi",
+                                    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+                                    "env": [{"name": "FROM_POD", "value": "2"}],
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        }
+    )
+    pod = job["spec"]["template"]
+    runner = container(job)
+    assert runner["image"] == "registry/runner:1"
+    assert runner["imagePullPolicy"] == "Always"
+    assert runner["resources"] == {"requests": {"cpu": "2"}}
+    assert {"EXTRA", "FROM_POD"} <= set(env(job))
+    assert {"secretRef": {"name": "more"}} in runner["envFrom"]
+    assert runner["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
+    assert runner["securityContext"]["allowPrivilegeEscalation"] is False  # template kept
+    assert pod["spec"]["serviceAccountName"] == "deployer"
+    assert pod["spec"]["nodeSelector"] == {"pool": "pulumi"}
+    assert pod["spec"]["volumes"] == [{"name": "cache", "emptyDir": {}}]
+    assert pod["metadata"]["labels"]["team"] == "infra"
+    assert pod["metadata"]["annotations"]["a"] == "b"
+    assert "ignored" not in job["metadata"].get("labels", {})
+
+
+def test_stack_service_account_wins() -> None:
+    job = build(
+        {"serviceAccountName": "mine", "workspaceTemplate": {"spec": {"serviceAccountName": "ws"}}}
+    )
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
+
+
+def test_job_template_cannot_break_the_run_contract() -> None:
+    job = build(
+        {
+            "jobTemplate": {
+                "metadata": {
+                    "labels": {"cost-center": "42", "pkobatch.io/stack": "evil"},
+                    "annotations": {"note": "x"},
+                },
+                "spec": {
+                    "priorityClassName": "low",
+                    "restartPolicy": "OnFailure",
+                    "containers": [{"name": "pulumi", "command": ["sh"], "args": ["-c", "x"]}],
+                },
+            },
+            "workspaceTemplate": {
+                "spec": {"podTemplate": {"metadata": {"labels": {"pkobatch.io/operation": "x"}}}}
+            },
+        }
+    )
+    meta = job["metadata"]
+    pod = job["spec"]["template"]
+    assert (
+        meta["labels"]["cost-center"] == "42" and pod["metadata"]["labels"]["cost-center"] == "42"
+    )
+    assert meta["labels"]["pkobatch.io/stack"] == "app"
+    assert pod["metadata"]["labels"][OPERATION_LABEL] == "up"
+    assert meta["annotations"]["note"] == "x" and RUN_ANNOTATION in meta["annotations"]
+    assert pod["spec"]["priorityClassName"] == "low"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert container(job)["command"] == ["pkobatch", "job", "run"]
+    assert container(job)["args"][0] == "--snapshot"
+
+
+def test_settings_command_and_image() -> None:
+    settings = Settings(
+        job={"image": "me/runner:dev", "command": "python,-m,pkobatch.main,job,run"}
+    ).job
+    job = build({}, settings)
+    assert container(job)["image"] == "me/runner:dev"
+    assert container(job)["command"] == ["python", "-m", "pkobatch.main", "job", "run"]
+
+
+# ---------------------------------------------------------------------------------------
+# Template and merge
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_shipped_template_file_is_the_package_template() -> None:
+    shipped = REPO_ROOT / "jobs" / "job-template.yaml"
+    assert shipped.is_symlink() or shipped.exists()
+    assert parse_template(shipped.read_text(), str(shipped)) == builtin_template()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("kind: Job\nspec: {template: {spec: {containers: [{name: other}]}}}", "named 'pulumi'"),
+        ("kind: Pod", "kind: Job"),
+        ("{{{", "not valid YAML"),
+    ],
+)
+def test_custom_templates_are_checked(text: str, problem: str) -> None:
+    with pytest.raises(JobBuildError, match=problem):
+        parse_template(text, "my-template.yaml")
+
+
+def test_custom_template_defaults_are_kept() -> None:
+    template = parse_template(
+        "apiVersion: batch/v1\nkind: Job\nspec:\n  backoffLimit: 6\n  template:\n    spec:\n"
+        "      priorityClassName: batch\n      containers:\n      - name: pulumi\n"
+        "        resources: {limits: {memory: 1Gi}}\n",
+        "t.yaml",
+    )
+    job = build_job(stack(), StackSpec(stack="dev"), RUN, JobSettings(), template)
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "batch"
+    assert container(job)["resources"] == {"limits": {"memory": "1Gi"}}
+
+
+def test_merge_named_merges_named_lists_and_replaces_others() -> None:
+    base = {"a": {"b": 1}, "named": [{"name": "x", "v": 1}, {"name": "y"}], "plain": [1, 2]}
+    patch = {"a": {"c": 2}, "named": [{"name": "x", "w": 2}, {"name": "z"}], "plain": [3]}
+    merged = merge_named(base, patch)
+    assert merged == {
+        "a": {"b": 1, "c": 2},
+        "named": [{"name": "x", "v": 1, "w": 2}, {"name": "y"}, {"name": "z"}],
+        "plain": [3],
+    }
+    assert base["named"][0] == {"name": "x", "v": 1}
+
+
+def test_no_secret_values_can_be_in_a_job() -> None:
+    # Every credential field names a Secret; the built Job holds names and keys only.
+    job = build(
+        {
+            "projectRepo": "https://g/x.git",
+            "branch": "main",
+            "gitAuth": {
+                "accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}
+            },
+            "envRefs": {"T": {"type": "Secret", "secret": {"name": "s", "key": "k"}}},
+            "secretsRef": {"p": {"type": "Secret", "secret": {"name": "s", "key": "p"}}},
+        }
+    )
+    assert snapshot(job).secret_env == ["PKOBATCH_GIT_TOKEN", "PKOBATCH_SECRET_0", "T"]
+    for variable in container(job)["env"]:
+        assert "value" not in variable or variable["name"] == "PKOBATCH_GRACE_PERIOD_SECONDS"
+    assert json.dumps(job).count("secretKeyRef") == 3
