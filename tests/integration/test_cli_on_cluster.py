@@ -3,7 +3,7 @@
 Stacks are created directly and their status is written through the status subresource,
 as the controller would; runs are real Jobs (the real Job controller and the node agent run
 their pods) with result ConfigMaps written by the test. Commands whose effect needs the
-controller (``refresh --wait`` ...) are in tests/e2e/test_cli_runs.py.
+controller (``refresh --wait`` ...) are in tests/e2e/test_cli_with_controller.py.
 
 Tables are compared as text. The AGE column depends on the wall clock and is masked.
 """
