@@ -41,7 +41,8 @@ class DueRun:
     skipped: int
 
 
-def _zone(time_zone: str | None) -> ZoneInfo:
+def load_time_zone(time_zone: str | None) -> ZoneInfo:
+    """The zone for an IANA name (UTC when empty); ScheduleError (a ValueError) otherwise."""
     name = time_zone or DEFAULT_TIME_ZONE
     try:
         return ZoneInfo(name)
@@ -59,7 +60,7 @@ def _iterator(expr: str, start: datetime, time_zone: str | None, hash_id: str) -
     try:
         return croniter(
             expr,
-            start.astimezone(_zone(time_zone)),
+            start.astimezone(load_time_zone(time_zone)),
             hash_id=hash_id or None,
             max_years_between_matches=_MAX_YEARS_BETWEEN_MATCHES,
         )
