@@ -83,25 +83,17 @@ def mark_reconciling(
     observed_generation: int | None = None,
 ) -> list[Condition]:
     """Work is in progress (or a retry/prerequisite is pending)."""
-    result = set_condition(
+    return _mark_not_ready(
         conditions,
-        CONDITION_READY,
-        "False",
         NOT_READY_IN_PROGRESS_REASON,
         IN_PROGRESS_MESSAGE,
+        raised=CONDITION_RECONCILING,
+        cleared=CONDITION_STALLED,
+        reason=reason,
+        message=message,
         now=now,
         observed_generation=observed_generation,
     )
-    result = set_condition(
-        result,
-        CONDITION_RECONCILING,
-        "True",
-        reason,
-        message,
-        now=now,
-        observed_generation=observed_generation,
-    )
-    return remove_condition(result, CONDITION_STALLED)
 
 
 def mark_stalled(
@@ -113,25 +105,46 @@ def mark_stalled(
     observed_generation: int | None = None,
 ) -> list[Condition]:
     """Nothing more happens until the user changes something."""
+    return _mark_not_ready(
+        conditions,
+        NOT_READY_STALLED_REASON,
+        STALLED_MESSAGE,
+        raised=CONDITION_STALLED,
+        cleared=CONDITION_RECONCILING,
+        reason=reason,
+        message=message,
+        now=now,
+        observed_generation=observed_generation,
+    )
+
+
+def _mark_not_ready(
+    conditions: Sequence[Condition],
+    ready_reason: str,
+    ready_message: str,
+    *,
+    raised: str,
+    cleared: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    observed_generation: int | None,
+) -> list[Condition]:
+    """Ready=False, ``raised``=True with the caller's reason, ``cleared`` removed: the
+    Reconciling and Stalled states differ only in which of the two is raised."""
     result = set_condition(
         conditions,
         CONDITION_READY,
         "False",
-        NOT_READY_STALLED_REASON,
-        STALLED_MESSAGE,
+        ready_reason,
+        ready_message,
         now=now,
         observed_generation=observed_generation,
     )
     result = set_condition(
-        result,
-        CONDITION_STALLED,
-        "True",
-        reason,
-        message,
-        now=now,
-        observed_generation=observed_generation,
+        result, raised, "True", reason, message, now=now, observed_generation=observed_generation
     )
-    return remove_condition(result, CONDITION_RECONCILING)
+    return remove_condition(result, cleared)
 
 
 def mark_ready(

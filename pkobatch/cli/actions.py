@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -39,6 +39,7 @@ from pkobatch.kube.client import STACKS, Forbidden, KubeError
 
 JSON = dict[str, Any]
 DEFAULT_CONCURRENCY: Final = 4
+DecoratedCommand = TypeVar("DecoratedCommand", bound=Callable[..., Any])
 
 OPERATION_SHORT_HELP: Final = {
     "up": "Run `pulumi up` on Stacks now.",
@@ -153,6 +154,20 @@ def request_and_wait(
     return outcome(stack, operation, value, progress, _record(session, stack, progress.job_name))
 
 
+def _stack_selection(function: DecoratedCommand) -> DecoratedCommand:
+    """NAME, -l SELECTOR and --all: the parameters ``_select_stacks`` takes."""
+    function = click.option(
+        "--all",
+        "all_stacks",
+        is_flag=True,
+        help="All Stacks in the namespace (or with -A, everywhere).",
+    )(function)
+    function = click.option(
+        "-l", "--selector", metavar="SELECTOR", help="All Stacks matching this label selector."
+    )(function)
+    return click.argument("name", required=False, shell_complete=complete_stack_names)(function)
+
+
 def _select_stacks(
     session: Session, name: str | None, selector: str | None, all_stacks: bool
 ) -> tuple[list[JSON], bool]:
@@ -238,16 +253,7 @@ and exits 1 if the run failed or was rejected. With -l or --all it applies to ma
 Stacks, at most --concurrency at a time, and prints a summary table.""",
         epilog=epilog,
     )
-    @click.argument("name", required=False, shell_complete=complete_stack_names)
-    @click.option(
-        "-l", "--selector", metavar="SELECTOR", help="All Stacks matching this label selector."
-    )
-    @click.option(
-        "--all",
-        "all_stacks",
-        is_flag=True,
-        help="All Stacks in the namespace (or with -A, everywhere).",
-    )
+    @_stack_selection
     @click.option(
         "--wait/--no-wait", default=None, help="Follow the run to its end (default: on a terminal)."
     )
@@ -425,16 +431,7 @@ Examples:
   pkobatch {verb} web
   pkobatch {verb} --all -n team-payments""",
     )
-    @click.argument("name", required=False, shell_complete=complete_stack_names)
-    @click.option(
-        "-l", "--selector", metavar="SELECTOR", help="All Stacks matching this label selector."
-    )
-    @click.option(
-        "--all",
-        "all_stacks",
-        is_flag=True,
-        help="All Stacks in the namespace (or with -A, everywhere).",
-    )
+    @_stack_selection
     def run(name: str | None, selector: str | None, all_stacks: bool) -> None:
         session = Session.current()
         session.require_output("table", "json", "yaml")

@@ -137,50 +137,45 @@ class LeaderElector:
         record = LeaseRecord.of(lease)
         self._observe(record)
         expired = self._clock() >= self._observed_at + record.lease_seconds
-        spec = claim(
-            record,
+        spec = self._claim(record, expired=expired)
+        if spec is None:
+            return False
+        lease["spec"] = spec
+        return self._write("PUT", self._path(), lease, lost=Conflict, action="update")
+
+    def _create(self) -> bool:
+        body = {
+            "apiVersion": LEASES.api_version,
+            "kind": LEASES.kind,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": self._claim(None, expired=True),
+        }
+        return self._write(
+            "POST", LEASES.path(self.namespace), body, lost=AlreadyExists, action="create"
+        )
+
+    def _claim(self, current: LeaseRecord | None, *, expired: bool) -> JSON | None:
+        return claim(
+            current,
             identity=self.identity,
             expired=expired,
             lease_seconds=self._lease_seconds,
             now=self._wall_clock(),
         )
-        if spec is None:
-            return False
-        lease["spec"] = spec
-        try:
-            updated = self._kube.request("PUT", self._path(), body=lease, timeout=self._timeout)
-        except Conflict:
-            return False
-        except KubeError as exc:
-            log.warning("cannot update lease %s/%s: %s", self.namespace, self.name, exc)
-            return False
-        self._observe(LeaseRecord.of(updated))
-        return True
 
-    def _create(self) -> bool:
-        spec = claim(
-            None,
-            identity=self.identity,
-            expired=True,
-            lease_seconds=self._lease_seconds,
-            now=self._wall_clock(),
-        )
-        body = {
-            "apiVersion": LEASES.api_version,
-            "kind": LEASES.kind,
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": spec,
-        }
+    def _write(
+        self, method: str, path: str, lease: JSON, *, lost: type[KubeError], action: str
+    ) -> bool:
+        """Write the claimed lease; False when another candidate won the race (``lost``) or
+        the API server failed."""
         try:
-            created = self._kube.request(
-                "POST", LEASES.path(self.namespace), body=body, timeout=self._timeout
-            )
-        except AlreadyExists:
+            written = self._kube.request(method, path, body=lease, timeout=self._timeout)
+        except lost:
             return False
         except KubeError as exc:
-            log.warning("cannot create lease %s/%s: %s", self.namespace, self.name, exc)
+            log.warning("cannot %s lease %s/%s: %s", action, self.namespace, self.name, exc)
             return False
-        self._observe(LeaseRecord.of(created))
+        self._observe(LeaseRecord.of(written))
         return True
 
     def acquire(self, stop: threading.Event) -> bool:
