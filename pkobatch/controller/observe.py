@@ -23,7 +23,15 @@ from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
 from pkobatch.controller.fold import job_finished
 from pkobatch.controller.plan import Observed
 from pkobatch.controller.polling import GitPoller, poll_key
-from pkobatch.kube.client import CONFIGMAPS, JOBS, NAMESPACES, Kube, KubeError, NotFound
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    NAMESPACES,
+    Kube,
+    KubeError,
+    NotFound,
+    Resource,
+)
 from pkobatch.runtime.interfaces import StackKey, Stores
 
 JSON = dict[str, Any]
@@ -95,7 +103,7 @@ class Observer:
             namespace_terminating=self._namespace_terminating(stack),
         )
 
-    def _get(self, resource: Any, name: str, namespace: str) -> JSON | None:
+    def _get(self, resource: Resource, name: str, namespace: str) -> JSON | None:
         try:
             return self._kube.get(resource, name, namespace)
         except NotFound:

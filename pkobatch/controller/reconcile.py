@@ -111,6 +111,11 @@ class Admission:
             self._waiting.pop(key, None)
             self._reserved.pop(key, None)
 
+    def withdraw(self, key: StackKey) -> None:
+        """``key`` no longer wants to start a Job (it must not hold up those behind it)."""
+        with self._lock:
+            self._waiting.pop(key, None)
+
     def acquire(self, key: StackKey) -> bool:
         """May ``key`` start a Job now? A True reserves a slot until ``track`` sees it."""
         with self._lock:
@@ -227,7 +232,9 @@ class StackReconciler:
             ],
         )
         result = plan(observed, self._settings, self._template)
-        if result.create_job is not None and not self.admission.acquire(key):
+        if result.create_job is None:
+            self.admission.withdraw(key)
+        elif not self.admission.acquire(key):
             result = plan(replace(observed, slot_available=False), self._settings, self._template)
         try:
             result = self._create_job(key, observed, result)

@@ -64,6 +64,19 @@ def test_admission_caps_active_jobs_and_serves_the_oldest_waiter_first() -> None
     assert admission.acquire(C)
 
 
+def test_a_waiter_that_no_longer_needs_a_slot_does_not_hold_up_others() -> None:
+    clock = Clock()
+    admission = Admission(1, lambda key: None, clock)
+    assert admission.acquire(A)
+    admission.track(A, "a-job")
+    assert not admission.acquire(B)
+    clock.now = 1
+    assert not admission.acquire(C)
+    admission.withdraw(B)  # e.g. B was suspended meanwhile
+    admission.track(A, None)
+    assert admission.acquire(C)
+
+
 def test_admission_reservations_expire() -> None:
     clock = Clock()
     admission = Admission(1, lambda key: None, clock)
