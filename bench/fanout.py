@@ -378,6 +378,86 @@ def _serving(port: int, process: subprocess.Popen[bytes]) -> bool:
     return True
 
 
+def say(line: str) -> None:
+    """Results are printed as soon as they are known: a long run that is cut short still
+    reports what it measured."""
+    print(line, flush=True)
+
+
+def measure_controller(
+    kube: Any,
+    tally: Tally,
+    kubeconfig: Path,
+    count: int,
+    args: argparse.Namespace,
+    work: Path,
+    baseline_rate: float,
+) -> None:
+    from pkobatch.kube.client import JOBS, STACKS
+
+    with controller_process(kubeconfig, count, work) as (process, port):
+        own_before = Counter(tally.counts)
+        server_before = apiserver_requests(kube)
+        controller_before = controller_requests(port)
+        started = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            applying = pool.submit(apply_stacks, kube, BENCH_NS, count)
+            wait_for(
+                lambda: count_objects(kube, JOBS, BENCH_NS) >= count,
+                args.timeout,
+                "every Job",
+                0.25,
+            )
+            jobs_seconds = time.monotonic() - started
+            applying.result()
+        rate = count / jobs_seconds
+        ratio = rate / baseline_rate
+        verdict = "met" if ratio >= TARGET_RATE_RATIO else "NOT met"
+        say(f"controller: every Job exists after {jobs_seconds:.1f}s ({rate:.1f} Stacks/s)")
+        say(
+            f"rate ratio controller/baseline: {ratio:.2f} "
+            f"(target >= {TARGET_RATE_RATIO}: {verdict})"
+        )
+        say(f"controller peak RSS so far: {peak_rss_mib(process.pid):.0f} MiB")
+
+        # Listing every Stack is not free: poll less often for large fleets.
+        wait_for(
+            lambda: count_ready(kube, STACKS, BENCH_NS) >= count,
+            args.timeout,
+            "every Stack Ready",
+            max(2.0, count / 500),
+        )
+        say(
+            f"controller: every Stack Ready after {time.monotonic() - started:.1f}s "
+            f"(includes running {count} pods through the Job controller and node agent)"
+        )
+        own = Counter(tally.counts)
+        own.subtract(own_before)
+        server_delta = Counter(apiserver_requests(kube))
+        server_delta.subtract(server_before)
+        server_delta.subtract(own)
+        controller_total = controller_requests(port) - controller_before
+        say(f"API requests per Stack, controller's client: {controller_total / count:.2f}")
+        say(
+            "API requests per Stack, apiserver_request_total (Stacks, Job create/delete, "
+            f"events.k8s.io create; this script's own removed): "
+            f"{controller_relevant(server_delta) / count:.2f}"
+        )
+
+        idle_before = controller_requests(port, WRITES)
+        time.sleep(args.idle_seconds)
+        idle_writes = controller_requests(port, WRITES) - idle_before
+        idle_per_minute = idle_writes / count / (args.idle_seconds / 60)
+        say(
+            f"writes per idle Stack per minute over {args.idle_seconds:.0f}s: "
+            f"{idle_per_minute:.3f} (target 0)"
+        )
+        say(
+            f"controller peak RSS: {peak_rss_mib(process.pid):.0f} MiB "
+            f"(target <= {TARGET_RSS_MIB} MiB at 5,000 Stacks)"
+        )
+
+
 def prepare_namespaces(kube: Any) -> None:
     from pkobatch.kube.client import CLUSTERROLES, NAMESPACES, ROLEBINDINGS, SERVICEACCOUNTS
 
@@ -409,7 +489,7 @@ def main() -> None:
     from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
     from pkobatch.dev.node_agent import NodeAgent
     from pkobatch.dev.tools import ToolsMissing, find_tools
-    from pkobatch.kube.client import JOBS, STACKS, Kube
+    from pkobatch.kube.client import Kube
 
     try:
         tools = find_tools(("etcd", "kubernetes"))
@@ -431,83 +511,17 @@ def main() -> None:
             agent.start()
             try:
                 prepare_namespaces(kube)
-                print(f"fan-out of {count} Stacks (node agent runs {args.pods} pods at once)")
+                say(f"fan-out of {count} Stacks (node agent runs {args.pods} pods at once)")
 
                 baseline_before, baseline_after = run_baseline(kube, count)
                 baseline_rate = count / baseline_before
-                print(
+                say(
                     f"baseline: {baseline_before:.1f}s to create the Stacks and their Jobs "
                     f"({baseline_rate:.1f} Stacks/s), {baseline_after:.1f}s for the status "
                     "after the runs"
                 )
 
-                with controller_process(plane.kubeconfig, count, work) as (process, port):
-                    own_before = Counter(tally.counts)
-                    server_before = apiserver_requests(kube)
-                    controller_before = controller_requests(port)
-                    started = time.monotonic()
-                    with ThreadPoolExecutor(1) as pool:
-                        applying = pool.submit(apply_stacks, kube, BENCH_NS, count)
-                        wait_for(
-                            lambda: count_objects(kube, JOBS, BENCH_NS) >= count,
-                            args.timeout,
-                            "every Job",
-                            0.25,
-                        )
-                        jobs_seconds = time.monotonic() - started
-                        applying.result()
-                    # Listing every Stack is not free: poll less often for large fleets.
-                    wait_for(
-                        lambda: count_ready(kube, STACKS, BENCH_NS) >= count,
-                        args.timeout,
-                        "every Stack Ready",
-                        max(2.0, count / 500),
-                    )
-                    ready_seconds = time.monotonic() - started
-                    server_after = apiserver_requests(kube)
-                    own = Counter(tally.counts)
-                    own.subtract(own_before)
-                    server_delta = Counter(server_after)
-                    server_delta.subtract(server_before)
-                    server_delta.subtract(own)
-                    controller_total = controller_requests(port) - controller_before
-
-                    idle_before = controller_requests(port, WRITES)
-                    time.sleep(args.idle_seconds)
-                    idle_writes = controller_requests(port, WRITES) - idle_before
-                    rss = peak_rss_mib(process.pid)
-
-                rate = count / jobs_seconds
-                ratio = rate / baseline_rate
-                idle_per_minute = idle_writes / count / (args.idle_seconds / 60)
-                print(
-                    f"controller: every Job exists after {jobs_seconds:.1f}s ({rate:.1f} Stacks/s)"
-                )
-                print(
-                    f"controller: every Stack Ready after {ready_seconds:.1f}s "
-                    f"(includes running {count} pods)"
-                )
-                verdict = "met" if ratio >= TARGET_RATE_RATIO else "NOT met"
-                print(
-                    f"rate ratio controller/baseline: {ratio:.2f} "
-                    f"(target >= {TARGET_RATE_RATIO}: {verdict})"
-                )
-                print(
-                    f"controller peak RSS: {rss:.0f} MiB "
-                    f"(target <= {TARGET_RSS_MIB} MiB at 5,000 Stacks)"
-                )
-                print(
-                    f"API requests per Stack, controller's client: {controller_total / count:.2f}"
-                )
-                print(
-                    "API requests per Stack, apiserver_request_total (Stacks, Job create/delete, "
-                    f"events.k8s.io create; this script's own removed): "
-                    f"{controller_relevant(server_delta) / count:.2f}"
-                )
-                print(
-                    f"writes per idle Stack per minute over {args.idle_seconds:.0f}s: "
-                    f"{idle_per_minute:.3f} (target 0)"
-                )
+                measure_controller(kube, tally, plane.kubeconfig, count, args, work, baseline_rate)
             finally:
                 agent.stop()
                 kube.close()
