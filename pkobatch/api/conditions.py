@@ -5,7 +5,8 @@
 - Stalled: Ready=False (NotReadyStalled), Stalled=True (reason given); Reconciling removed.
 - Done: Ready=True (ProcessingCompleted); Reconciling and Stalled removed.
 
-Conditions of other types (e.g. pkobatch's Drifted) are kept as they are. Like
+Conditions of other types (e.g. pkobatch's Drifted) are kept as they are. Messages are
+bounded (``pkobatch.api.messages``). Like
 ``meta.SetStatusCondition``, ``lastTransitionTime`` only moves when the status changes.
 All functions are pure: they return a new list and take ``now`` from the caller.
 """
@@ -24,6 +25,7 @@ from pkobatch.api.constants import (
     NOT_READY_STALLED_REASON,
     READY_COMPLETED_REASON,
 )
+from pkobatch.api.messages import bound_message
 from pkobatch.api.stack import Condition
 
 READY_MESSAGE: Final = "the stack has been processed and is up to date"
@@ -61,7 +63,7 @@ def set_condition(
         type=condition_type,
         status=status,
         reason=reason,
-        message=message,
+        message=bound_message(message),
         last_transition_time=transition,
         observed_generation=observed_generation,
     )

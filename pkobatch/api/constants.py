@@ -69,6 +69,8 @@ STALLED_WORKSPACE_FAILED_REASON: Final = "WorkspaceFailed"
 STALLED_UPDATE_FAILED_REASON: Final = "UpdateFailed"
 STALLED_NAMESPACE_TERMINATING_REASON: Final = "NamespaceTerminating"
 STALLED_DESTROY_HELD_REASON: Final = "DestroyedOnRequest"
+# pkobatch: planning the Stack failed (a bug); the message has the error.
+STALLED_RECONCILE_ERROR_REASON: Final = "ReconcileError"
 
 # Result reasons written by the runner (closed set, DESIGN §3).
 ResultReason = Literal[

@@ -141,6 +141,12 @@ def _apply_metadata(tp: Any, metadata: list[Any]) -> dict[str, Any]:
             if not isinstance(item.gt, int):
                 raise TypeError(f"Gt({item.gt!r}) on a non-integer has no CRD form")
             schema["minimum"] = item.gt + 1
+        elif isinstance(item, annotated_types.Le):
+            schema["maximum"] = item.le
+        elif isinstance(item, annotated_types.Lt):
+            if not isinstance(item.lt, int):
+                raise TypeError(f"Lt({item.lt!r}) on a non-integer has no CRD form")
+            schema["maximum"] = item.lt - 1
     return schema
 
 

@@ -30,7 +30,7 @@ def parse_duration(text: str) -> timedelta:
     sign = -1.0 if value.startswith("-") else 1.0
     body = value.lstrip("+-")
     if re.fullmatch(r"\d+(?:\.\d+)?", body):
-        return timedelta(seconds=sign * float(body))
+        return _seconds(text, sign * float(body))
     position, seconds = 0, 0.0
     for match in _PART.finditer(body):
         if match.start() != position:
@@ -39,7 +39,14 @@ def parse_duration(text: str) -> timedelta:
         position = match.end()
     if position != len(body) or position == 0:
         raise ValueError(f"invalid duration {text!r}; use e.g. '30s', '5m' or '1h30m'")
-    return timedelta(seconds=sign * seconds)
+    return _seconds(text, sign * seconds)
+
+
+def _seconds(text: str, seconds: float) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too long; use at most e.g. '8760h'") from None
 
 
 def format_duration(delta: timedelta) -> str:

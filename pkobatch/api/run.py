@@ -22,7 +22,6 @@ from pkobatch.api.constants import Operation, ResultReason
 SNAPSHOT_SCHEMA_VERSION: Final = "pkobatch.io/run-snapshot/v1"
 RESULT_SCHEMA_VERSION: Final = "pkobatch.io/run-result/v1"
 # Bounds that keep a result ConfigMap far below the 1 MiB object limit.
-MAX_MESSAGE_CHARS: Final = 4096
 MAX_RESULT_BYTES: Final = 512 * 1024
 # Outputs kept in a result (they end up in status.outputs, which kubectl shows in full).
 MAX_RESULT_OUTPUTS: Final = 1000

@@ -50,6 +50,12 @@ from pkobatch.api.run import ProjectInfo
 from pkobatch.api.schedule import load_time_zone
 
 Int64 = Annotated[int, INT64]
+# Bound of every duration in seconds in the spec (365 days). Larger magnitudes overflow time
+# arithmetic: Python's timedelta in the controller, Go's time.Duration in the Job controller.
+MAX_SPEC_SECONDS: Final = 31_536_000
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+MAX_PULUMI_LOG_LEVEL: Final = 20
 FreeFormObject = Annotated[dict[str, Any], FREE_FORM_OBJECT]
 ENV_SECRETS_SCHEMA = CrdHint(schema={"type": "array", "items": dict(PRESERVE_UNKNOWN)})
 
@@ -244,7 +250,11 @@ class WorkspaceTemplateSpec(_OpenModel):
         "is the run's container).",
     )
     pulumi_log_level: Annotated[int, INT32] | None = Field(
-        default=None, ge=0, description="Pulumi verbosity (-v level) of the run."
+        default=None,
+        ge=0,
+        le=MAX_PULUMI_LOG_LEVEL,
+        description=f"Pulumi verbosity (-v level) of the run, 0 to {MAX_PULUMI_LOG_LEVEL} "
+        "(the bound only refuses values no Pulumi log level uses).",
     )
     local: LocalSource | None = Field(default=None, description="Program baked into the image.")
 
@@ -260,7 +270,11 @@ class WorkspaceTemplate(_OpenModel):
 
 class UpdateTemplateSpec(_OpenModel):
     parallel: Annotated[int, INT32] | None = Field(
-        default=None, description="Resource operations run in parallel (--parallel)."
+        default=None,
+        ge=INT32_MIN,
+        le=INT32_MAX,
+        description="Resource operations run in parallel (--parallel); a 32-bit integer, "
+        "like Pulumi's flag.",
     )
     message: str | None = Field(default=None, description="Update message (--message).")
     expect_no_changes: bool | None = Field(
@@ -469,13 +483,24 @@ class StackSpec(_Model):
         default=None, description="Do not create the stack if it does not exist."
     )
     resync_frequency_seconds: Int64 | None = Field(
-        default=None, description="Branch polling and resync period (minimum 60)."
+        default=None,
+        ge=-MAX_SPEC_SECONDS,
+        le=MAX_SPEC_SECONDS,
+        description="Branch polling and resync period (minimum 60: smaller values, negative "
+        f"ones included, mean 60, as in PKO). At most {MAX_SPEC_SECONDS} (365 days) either "
+        "way: larger magnitudes overflow time arithmetic.",
     )
     continue_resync_on_commit_match: bool | None = Field(
         default=None, description="Re-run every resync period even without a new commit."
     )
     retry_max_backoff_duration_seconds: Int64 | None = Field(
-        default=None, description="Cap of the failure backoff (default 86400)."
+        default=None,
+        ge=-MAX_SPEC_SECONDS,
+        le=MAX_SPEC_SECONDS,
+        description="Cap of the failure backoff (default 86400; 0 or negative: the default, "
+        "as in PKO). As in PKO the first retry waits 10 s even under a lower cap. At most "
+        f"{MAX_SPEC_SECONDS} (365 days) either way: larger magnitudes overflow time "
+        "arithmetic.",
     )
     targets: list[str] | None = Field(default=None, description="URNs to target (--target).")
     target_dependents: bool | None = Field(
@@ -511,7 +536,12 @@ class StackSpec(_Model):
         default=None, description="pkobatch: scheduled drift checks (refresh --preview-only)."
     )
     timeout_seconds: Int64 | None = Field(
-        default=None, gt=0, description="pkobatch: per-run deadline (activeDeadlineSeconds)."
+        default=None,
+        gt=0,
+        le=MAX_SPEC_SECONDS,
+        description="pkobatch: per-run deadline (activeDeadlineSeconds), 1 to "
+        f"{MAX_SPEC_SECONDS} (365 days): larger values overflow the Job controller's "
+        "deadline arithmetic.",
     )
     job_template: JobTemplate | None = Field(
         default=None, description="pkobatch: metadata and pod spec merged into every Job."

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from pkobatch.api.messages import bound_message
 from pkobatch.kube.client import EVENTS, Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def event_body(
     instance: str,
 ) -> dict[str, Any]:
     meta = stack.get("metadata") or {}
-    note = message if len(message) <= MAX_NOTE_CHARS else message[: MAX_NOTE_CHARS - 3] + "..."
+    note = bound_message(message, MAX_NOTE_CHARS)
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",

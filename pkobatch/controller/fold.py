@@ -13,8 +13,9 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
 - the run was cancelled on request: ``Cancelled``.
 
 So a Stack never waits on an object that is gone. ``folded_last_update`` then applies PKO's
-bookkeeping: consecutive failures are counted for the same generation, reconcile request
-and commit (a new commit resets the backoff); a success resets them.
+bookkeeping: consecutive failures are counted for the same generation and reconcile request
+— a new commit does not reset the count (it starts one run at once, see ``plan``), so a
+Stack failing on every commit still stalls; a success resets them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.messages import bound_message
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
 from pkobatch.controller.jobs import Run
 
@@ -205,12 +207,11 @@ def same_commit(first: str, second: str) -> bool:
     return first.startswith(second) or second.startswith(first)
 
 
-def same_attempt_key(previous: Mapping[str, Any], run: Run, commit: str) -> bool:
-    """Failures are counted for the same generation, reconcile request and commit."""
+def same_attempt_key(previous: Mapping[str, Any], run: Run) -> bool:
+    """PKO counts failures for the same generation and reconcile request."""
     return (
         previous.get("generation") == run.generation
         and (previous.get("reconcileRequest") or "") == run.reconcile_request
-        and same_commit(str(previous.get("lastAttemptedCommit") or ""), commit)
     )
 
 
@@ -227,7 +228,7 @@ def folded_last_update(
     else:
         failures = (
             int(previous.get("failures") or 0) + 1
-            if previous and same_attempt_key(previous, run, commit)
+            if previous and same_attempt_key(previous, run)
             else 0
         )
         successful_commit = str(previous.get("lastSuccessfulCommit") or "")
@@ -237,7 +238,7 @@ def folded_last_update(
         "name": job_name,
         "type": run.operation,
         "state": outcome.state,
-        "message": outcome.message,
+        "message": bound_message(outcome.message),
         "lastAttemptedCommit": commit,
         "lastSuccessfulCommit": successful_commit,
         "permalink": result.permalink if result is not None else "",

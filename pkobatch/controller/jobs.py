@@ -49,7 +49,7 @@ from pkobatch.api.constants import (
     Operation,
 )
 from pkobatch.api.run import GitAuthEnv, ProjectInfo, RunSnapshot, StackRef, ValueFromEnv
-from pkobatch.api.stack import ResourceRef, StackSpec
+from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
 
 JSON = dict[str, Any]
@@ -448,9 +448,10 @@ def build_job(
 
     _apply_invariants(job, pod_template, name, namespace, labels, annotations, stack_name, uid)
     job_spec = job["spec"]
-    job_spec["activeDeadlineSeconds"] = int(
-        spec.timeout_seconds or settings.active_deadline.total_seconds()
-    )
+    deadline = spec.timeout_seconds or settings.active_deadline.total_seconds()
+    # Within the CRD's bound even for a spec stored before it existed: a huge deadline
+    # overflows the Job controller, which then fails every run as DeadlineExceeded.
+    job_spec["activeDeadlineSeconds"] = int(min(max(deadline, 1), MAX_SPEC_SECONDS))
     job_spec["ttlSecondsAfterFinished"] = int(settings.ttl_after_finished.total_seconds())
     runner = _pulumi_container(pod_template["spec"])
     # The runner scrubs the values of these variables from everything it writes.

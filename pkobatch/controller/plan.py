@@ -66,6 +66,7 @@ from pkobatch.api.constants import (
     RECONCILING_RETRY_REASON,
     STALLED_DESTROY_HELD_REASON,
     STALLED_NAMESPACE_TERMINATING_REASON,
+    STALLED_RECONCILE_ERROR_REASON,
     STALLED_SOURCE_UNAVAILABLE_REASON,
     STALLED_SPEC_INVALID_REASON,
     STALLED_UPDATE_FAILED_REASON,
@@ -73,6 +74,7 @@ from pkobatch.api.constants import (
     Operation,
 )
 from pkobatch.api.durations import parse_duration
+from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, SpecCheck, StackSpec, load_stack_spec
@@ -202,10 +204,48 @@ class Plan:
     prerequisite_requests: dict[str, str] = field(default_factory=dict)
     finished: list[FinishedRun] = field(default_factory=list)
     requeue_after: float | None = None
+    # Set when planning failed (see ``plan``): the error, for the controller's log.
+    error: str = ""
 
 
 def plan(observed: Observed, settings: Settings, template: Mapping[str, Any]) -> Plan:
-    return _Planner(observed, settings, template).plan()
+    """The decision for one Stack. Never raises: a bug met while planning one Stack becomes
+    ``Stalled/ReconcileError`` with the error on that Stack (and ``Plan.error``), instead of
+    a reconcile that fails and is retried forever."""
+    try:
+        return _Planner(observed, settings, template).plan()
+    except Exception as exc:
+        return _error_plan(observed, exc)
+
+
+def _error_plan(observed: Observed, exc: Exception) -> Plan:
+    meta: Mapping[str, Any] = observed.stack.get("metadata") or {}
+    error = bound_message(f"{type(exc).__name__}: {exc}")
+    if meta.get("deletionTimestamp") and FINALIZER not in (meta.get("finalizers") or ()):
+        return Plan(status=None, error=error)
+    message = (
+        f"pkobatch could not plan this Stack ({error}). This is a pkobatch bug: please report "
+        f"it with this message. Editing the spec or setting {RECONCILE_REQUEST_ANNOTATION} "
+        "makes the controller try again."
+    )
+    status = copy.deepcopy(dict(observed.stack.get("status") or {}))
+    raw_generation = meta.get("generation")
+    generation = raw_generation if isinstance(raw_generation, int) else 0
+    status["observedGeneration"] = generation
+    conditions = _parse_conditions(status.get("conditions"))
+    previous = find_condition(conditions, CONDITION_STALLED)
+    conditions = mark_stalled(
+        conditions,
+        STALLED_RECONCILE_ERROR_REASON,
+        message,
+        now=_truncated(observed.now),
+        observed_generation=generation,
+    )
+    status["conditions"] = [c.to_manifest() for c in conditions]
+    events = []
+    if previous is None or previous.reason != STALLED_RECONCILE_ERROR_REASON:
+        events.append(Event("Warning", STALLED_RECONCILE_ERROR_REASON, message))
+    return Plan(status=status, events=events, error=error)
 
 
 class _Refold(Exception):
@@ -293,7 +333,7 @@ class _Planner:
     # -- bookkeeping helpers ---------------------------------------------------------------
 
     def _event(self, event_type: EventType, reason: str, message: str) -> None:
-        self.result.events.append(Event(event_type, reason, message))
+        self.result.events.append(Event(event_type, reason, bound_message(message)))
 
     def _requeue_in(self, delay: timedelta | float) -> None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
@@ -441,7 +481,7 @@ class _Planner:
                 "operation": run.operation,
                 "state": state,
                 "jobName": name,
-                "message": outcome.message,
+                "message": bound_message(outcome.message),
             }
         if run.trigger.startswith(SCHEDULE_TRIGGER_PREFIX):
             self._record_schedule_time(run.trigger.removeprefix(SCHEDULE_TRIGGER_PREFIX))
@@ -476,7 +516,7 @@ class _Planner:
                 "time": format_time(outcome.finished_at),
                 "state": outcome.state,
                 "driftedResources": drifted,
-                "message": outcome.message,
+                "message": bound_message(outcome.message),
             }
         )
         self.status["lastDriftCheck"] = check
@@ -563,7 +603,7 @@ class _Planner:
         raw_spec = self.obs.stack.get("spec") or {}
         destroy = bool(raw_spec.get("destroyOnFinalize") or raw_spec.get("destroyOnDelete"))
         last = self.status.get("lastUpdate") or {}
-        if not destroy or raw_spec.get("preview") or not last:
+        if not destroy or raw_spec.get("preview"):
             self._release()
             return
         if last.get("type") == "destroy" and last.get("state") == "succeeded":
@@ -937,7 +977,7 @@ class _Planner:
             "operation": operation,
             "state": state,
             "jobName": job,
-            "message": message,
+            "message": bound_message(message),
         }
         if state == "Rejected" and previous.get("request") != value:
             self._event("Warning", EVENT_REQUEST_REJECTED, f"{value}: {message}")

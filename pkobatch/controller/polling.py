@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter
 
+from pkobatch.api.messages import bound_message
 from pkobatch.controller.plan import SourceHead
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
 from pkobatch.runtime.interfaces import StackKey
@@ -138,8 +139,7 @@ class _Resolved:
 
 def scrub(text: str) -> str:
     """A git error made safe and short for status, Events and logs."""
-    cleaned = _USERINFO.sub("", text).strip().replace("\n", " ")
-    return cleaned[:MAX_ERROR_CHARS]
+    return bound_message(_USERINFO.sub("", text).replace("\n", " "), MAX_ERROR_CHARS)
 
 
 def ls_remote(url: str, ref: str, creds: _Resolved | None, timeout: float) -> str:

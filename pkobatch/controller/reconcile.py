@@ -232,6 +232,8 @@ class StackReconciler:
             ],
         )
         result = plan(observed, self._settings, self._template)
+        if result.error:
+            log.error("planning stack %s failed (a bug): %s", key, result.error)
         if result.create_job is None:
             self.admission.withdraw(key)
         elif not self.admission.acquire(key):

@@ -37,11 +37,12 @@ from typing import Any, Final
 from pulumi.automation import CommandError, Stack, StackNotFoundError
 
 from pkobatch.api.constants import ResultReason
+from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo, RunResult, RunSnapshot
 from pkobatch.api.stack import StackSpec, load_stack_spec
 from pkobatch.runner import git
 from pkobatch.runner.cancel import Cancellation
-from pkobatch.runner.failures import RunFailure, bound_message, classify_pulumi_error
+from pkobatch.runner.failures import RunFailure, classify_pulumi_error
 from pkobatch.runner.log import RunLog, scrubbed_output
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
 from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys

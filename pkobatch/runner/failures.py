@@ -14,7 +14,7 @@ import re
 from typing import Final
 
 from pkobatch.api.constants import ResultReason
-from pkobatch.api.run import MAX_MESSAGE_CHARS
+from pkobatch.api.messages import bound_message
 
 
 class RunFailure(Exception):
@@ -114,17 +114,3 @@ def pulumi_error_message(stdout: str, stderr: str) -> str:
         tail = [line.strip() for line in stdout.splitlines() if line.strip()][-20:]
         parts = ["\n".join(tail)] if tail else ["the Pulumi command failed without output"]
     return bound_message("\n".join(parts))
-
-
-def bound_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, keeping its start and (mostly) its end, where
-    Python tracebacks and Pulumi put the actual error."""
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters omitted ...]\n"
-    room = limit - len(marker.format(len(text)))
-    head = room // 4
-    tail = room - head
-    omitted = len(text) - head - tail
-    return text[:head] + marker.format(omitted) + text[len(text) - tail :]

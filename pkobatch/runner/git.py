@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from pkobatch.api.messages import bound_message
 from pkobatch.api.run import GitAuthEnv
 from pkobatch.api.stack import GitAuthConfig, ResourceRef
-from pkobatch.runner.failures import RunFailure, bound_message
+from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.redact import Redactor, scrub_url_credentials
 
 KNOWN_HOSTS_ENV: Final = "GIT_SSH_KNOWN_HOSTS"

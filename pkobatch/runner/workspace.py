@@ -39,8 +39,9 @@ from typing import Any, Final
 import pulumi
 import yaml
 
+from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo
-from pkobatch.runner.failures import RunFailure, bound_message
+from pkobatch.runner.failures import RunFailure
 
 PROJECT_FILES: Final = ("Pulumi.yaml", "Pulumi.yml", "Pulumi.json")
 CACHE_DIR_ENV: Final = "PKOBATCH_CACHE_DIR"

@@ -311,3 +311,35 @@ def test_example_conforms_to_the_crd_schema(manifest: Path) -> None:
 def test_doc_examples_exist() -> None:
     names = {p.name for p in DOC_EXAMPLES}
     assert {"alias-dialect.yaml", "pko-install-docs.yaml"} <= names
+
+
+def integer_nodes(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from integer_nodes(child, f"{path}.{name}")
+    if "items" in node:
+        yield from integer_nodes(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from integer_nodes(node["additionalProperties"], f"{path}.*")
+
+
+def test_every_spec_integer_is_bounded_and_says_why() -> None:
+    # Unbounded integers wedged Stacks (time arithmetic overflowing in the controller and
+    # in the Job controller); every one has both bounds, named in its description.
+    spec = v1_schema()["properties"]["spec"]
+    found = dict(integer_nodes(spec, "spec"))
+    assert {
+        "spec.resyncFrequencySeconds",
+        "spec.retryMaxBackoffDurationSeconds",
+        "spec.timeoutSeconds",
+        "spec.workspaceTemplate.spec.pulumiLogLevel",
+        "spec.updateTemplate.spec.parallel",
+    } <= set(found)
+    for path, node in found.items():
+        assert "minimum" in node and "maximum" in node, path
+        assert node["maximum"] < 2**63 - 1, path
+        description = node["description"]
+        assert str(node["maximum"]) in description or "32-bit" in description, path

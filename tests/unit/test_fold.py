@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import RunResult, StackRef
 from pkobatch.controller.fold import (
     Outcome,
@@ -135,8 +136,15 @@ def test_first_failure_of_a_spec_counts_zero_and_repeats_count_up() -> None:
         second, Run("up", "sync", 3, "", "c1", "t"), "j3", outcome("failed")
     )
     assert other_generation["failures"] == 0
+    # PKO counts by generation and reconcile request only: a new commit counts on.
     other_commit = folded_last_update(second, RUN, "j4", outcome("failed", commit="c2"))
-    assert other_commit["failures"] == 0
+    assert other_commit["failures"] == 2
+    assert other_commit["lastAttemptedCommit"] == "c2"
+
+
+def test_last_update_message_is_bounded() -> None:
+    folded = folded_last_update(None, RUN, "j1", outcome("failed", message="x" * 100_000))
+    assert len(folded["message"]) <= MAX_MESSAGE_CHARS
 
 
 def test_success_resets_and_records_the_commit() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from pkobatch.api.constants import OPERATION_LABEL, STACK_LABEL, STACK_NAME_ANNOTATION
 from pkobatch.api.run import ProjectInfo, RunSnapshot
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import JobSettings, Settings
 from pkobatch.controller.jobs import (
     RUN_ANNOTATION,
@@ -158,6 +158,12 @@ def test_job_has_the_run_contract_fields() -> None:
 
 def test_timeout_seconds_sets_the_deadline() -> None:
     assert build({"timeoutSeconds": 120})["spec"]["activeDeadlineSeconds"] == 120
+
+
+def test_a_deadline_stored_before_the_crd_bound_is_clamped() -> None:
+    stored = StackSpec.model_construct(stack="dev", timeout_seconds=2**63 - 1)
+    job = build_job(stack(), stored, RUN, JobSettings(), builtin_template())
+    assert job["spec"]["activeDeadlineSeconds"] == MAX_SPEC_SECONDS
 
 
 def test_snapshot_carries_the_run() -> None:

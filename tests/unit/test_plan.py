@@ -21,6 +21,7 @@ from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
     RESULT_KEY,
 )
+from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
 from pkobatch.config import Settings
 from pkobatch.controller.jobs import Run, builtin_template
@@ -456,7 +457,7 @@ def test_fixing_the_spec_recovers_a_stalled_stack() -> None:
     assert world.status["lastUpdate"]["failures"] == 0
 
 
-def test_a_new_commit_retries_at_once_and_resets_the_count() -> None:
+def test_a_new_commit_retries_at_once_and_counts_on() -> None:
     world = World()
     world.step()
     world.finish(state="failed", reason="ProgramError")
@@ -465,8 +466,34 @@ def test_a_new_commit_retries_at_once_and_resets_the_count() -> None:
     assert world.step().create_job is not None
     world.finish(state="failed", reason="ProgramError")
     world.step()
-    assert world.status["lastUpdate"]["failures"] == 0
+    # PKO counts failures by generation and reconcile request, not by commit.
+    assert world.status["lastUpdate"]["failures"] == 1
+    assert world.status["lastUpdate"]["lastAttemptedCommit"] == SHA2
     assert world.status["lastUpdate"]["lastSuccessfulCommit"] == ""
+
+
+def test_a_stack_failing_on_every_commit_stalls_and_runs_each_new_commit_once() -> None:
+    world = World()
+    for index in range(4):
+        world.source = SourceHead(commit=str(index + 1) * 40)
+        assert world.step().create_job is not None
+        world.finish(state="failed", reason="ProgramError", message=f"boom {index}")
+        world.step()
+        assert world.status["lastUpdate"]["failures"] == index
+    stalled = world.condition("Stalled")
+    assert stalled is not None and stalled["reason"] == "UpdateFailed"
+    world.advance(86400)
+    assert world.step().create_job is None
+    # A new commit still gets one run (PKO's isSynced), but no retries after it fails.
+    world.source = SourceHead(commit="5" * 40)
+    assert world.step().create_job is not None
+    world.finish(state="failed", reason="ProgramError")
+    result = world.step()
+    assert world.status["lastUpdate"]["failures"] == 4
+    assert world.condition("Stalled")["reason"] == "UpdateFailed"
+    assert result.requeue_after is None
+    world.advance(86400)
+    assert world.step().create_job is None
 
 
 def test_backoff_is_capped_by_retry_max_backoff_duration_seconds() -> None:
@@ -478,6 +505,26 @@ def test_backoff_is_capped_by_retry_max_backoff_duration_seconds() -> None:
     world.step()
     world.finish(state="failed", reason="ProgramError")
     assert world.step().requeue_after == 20
+
+
+def fail_and_wait(world: World) -> float | None:
+    world.finish(state="failed", reason="ProgramError")
+    wait = world.step().requeue_after
+    world.advance(wait or 0)
+    world.step()
+    return wait
+
+
+def test_negative_retry_max_backoff_is_ignored_as_in_pko() -> None:
+    world = World({**GIT_SPEC, "retryMaxBackoffDurationSeconds": -5})
+    world.step()
+    assert [fail_and_wait(world) for _ in range(3)] == [10, 30, 90]
+
+
+def test_a_cap_below_ten_seconds_still_waits_ten_seconds_first_as_in_pko() -> None:
+    world = World({**GIT_SPEC, "retryMaxBackoffDurationSeconds": 3})
+    world.step()
+    assert [fail_and_wait(world) for _ in range(3)] == [10, 3, 3]
 
 
 def test_retry_base_comes_from_settings() -> None:
@@ -682,6 +729,59 @@ def test_invalid_spec_is_stalled_with_one_event() -> None:
     assert world.step().events == []
 
 
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "field", ["retryMaxBackoffDurationSeconds", "resyncFrequencySeconds", "timeoutSeconds"]
+)
+def test_an_out_of_bounds_integer_stored_before_the_crd_bound_is_spec_invalid(field: str) -> None:
+    world = World({**GIT_SPEC, field: INT64_MAX})
+    result = world.step()
+    assert result.create_job is None and not result.error
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "SpecInvalid" and f"spec.{field}" in stalled["message"]
+
+
+def test_a_planning_bug_stalls_that_stack_with_the_error_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = deployed_world()
+    world.edit_spec(config={"x": "1"})
+
+    def broken(self: Any, spec: Any, commit: Any) -> bool:
+        raise OverflowError("date value out of range " + "x" * 100_000)
+
+    monkeypatch.setattr("pkobatch.controller.plan._Planner._sync", broken)
+    result = world.step()
+    assert "OverflowError" in result.error and result.create_job is None
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "ReconcileError"
+    assert "OverflowError: date value out of range" in stalled["message"]
+    assert len(stalled["message"]) <= MAX_MESSAGE_CHARS
+    assert world.condition("Ready")["status"] == "False"
+    assert world.status["observedGeneration"] == 2
+    assert world.status["lastUpdate"]["state"] == "succeeded"
+    assert [e.reason for e in result.events] == ["ReconcileError"]
+    assert result.requeue_after is None
+    assert world.step().events == []  # no Event storm on later passes
+    monkeypatch.undo()
+    world.edit_spec(config={"x": "2"})
+    assert world.step().create_job is not None
+
+
+def test_an_over_long_spec_invalid_message_is_bounded() -> None:
+    cross = {"type": "Secret", "secret": {"name": "s", "key": "k", "namespace": "other"}}
+    spec = {**GIT_SPEC, "envRefs": {f"VAR_{i:05d}": cross for i in range(3000)}}
+    world = World(spec)
+    result = world.step()
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "SpecInvalid"
+    assert len(stalled["message"]) <= MAX_MESSAGE_CHARS
+    assert "VAR_00000" in stalled["message"] and "VAR_02999" in stalled["message"]
+    assert all(len(e.message) <= MAX_MESSAGE_CHARS for e in result.events)
+
+
 def test_prerequisites_wait_then_run() -> None:
     world = World({**GIT_SPEC, "prerequisites": [{"name": "base"}]})
     world.prerequisites = {"base": None}
@@ -819,8 +919,31 @@ def test_preview_stack_never_destroys_on_deletion() -> None:
     assert world.step().finalizer == "remove"
 
 
-def test_never_deployed_stack_is_released_without_destroy() -> None:
+def test_a_stack_that_never_completed_a_run_is_destroyed_as_in_pko() -> None:
+    # The stack may hold resources from before (PKO, another Stack, a manual `pulumi up`).
     world = World({**GIT_SPEC, "destroyOnFinalize": True}, finalizer=True)
+    delete(world)
+    result = world.step()
+    assert result.finalizer is None
+    assert result.create_job is not None
+    assert result.create_job["metadata"]["name"].startswith("app-destroy-")
+    world.finish()
+    assert world.step().finalizer == "remove"
+
+
+def test_a_stack_deleted_during_its_first_run_is_destroyed_after_it() -> None:
+    world = World({**GIT_SPEC, "destroyOnFinalize": True})
+    world.step()
+    first = world.current_job()
+    delete(world)
+    assert world.step().create_job is None
+    world.finish(first, state="failed", reason="ProgramError")
+    result = world.step()
+    assert result.create_job is not None and "-destroy-" in result.create_job["metadata"]["name"]
+
+
+def test_never_deployed_stack_without_destroy_on_finalize_is_released_at_once() -> None:
+    world = World(GIT_SPEC, finalizer=True)
     delete(world)
     assert world.step().finalizer == "remove"
 

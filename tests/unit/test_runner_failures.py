@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pkobatch.api.constants import RESULT_REASONS
-from pkobatch.api.run import MAX_MESSAGE_CHARS
-from pkobatch.runner.failures import bound_message, classify_pulumi_error, pulumi_error_message
+from pkobatch.api.messages import MAX_MESSAGE_CHARS, bound_message
+from pkobatch.runner.failures import classify_pulumi_error, pulumi_error_message
 
 # Real output of `pulumi up` (3.259.0) for a program with a SyntaxError, run inline.
 PROGRAM_ERROR_STDOUT = """Updating (bad):
