@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -50,8 +52,20 @@ FIELD_MANAGER: Final = "pkobatch-dev"
 _FALLBACK_ADVERTISE_ADDRESS: Final = "192.0.2.10"
 
 
+COMPONENTS: Final = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+
 class ControlPlaneError(Exception):
     """A component failed to start; the message carries the end of its log."""
+
+
+@dataclass(frozen=True)
+class _Component:
+    """How a component was started, so it can be started again exactly so."""
+
+    argv: tuple[str, ...]
+    health_url: str
+    context: ssl.SSLContext | None
 
 
 def repo_root() -> Path | None:
@@ -117,6 +131,7 @@ class ControlPlane:
         self.log_dir = self.state_dir / "control-plane"
         self.endpoints: Endpoints | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._components: dict[str, _Component] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -174,19 +189,64 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop in reverse order of start; each component gets a grace period to exit."""
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-            process = self._processes.pop(name, None)
-            if process is not None:
-                processes.stop(process, grace=15.0)
+        for name in reversed(COMPONENTS):
+            self.stop_component(name)
 
     def check_alive(self) -> None:
         """``ControlPlaneError`` if a component has exited."""
-        for name, process in self._processes.items():
-            if process.poll() is not None:
-                raise ControlPlaneError(
-                    f"{name} exited with code {process.returncode}:\n"
-                    + _tail(self.log_dir / f"{name}.log")
-                )
+        exited = self.exited()
+        if exited:
+            name, code = next(iter(exited.items()))
+            raise ControlPlaneError(
+                f"{name} exited with code {code}:\n" + _tail(self.log_dir / f"{name}.log")
+            )
+
+    def exited(self) -> dict[str, int]:
+        """The exit code of every started component that is no longer running."""
+        return {
+            name: code
+            for name, process in self._processes.items()
+            if (code := process.poll()) is not None
+        }
+
+    # -- one component (fault tests, the dev supervisor) -------------------------------------
+
+    def stop_component(self, name: str, *, kill: bool = False, grace: float = 15.0) -> None:
+        """Stop one component: SIGTERM with ``grace`` seconds to exit, or SIGKILL at once with
+        ``kill``. Its data (etcd's included) stays; ``start_component`` brings it back."""
+        process = self._processes.pop(name, None)
+        if process is None:
+            return
+        if kill:
+            processes.signal_group(process, signal.SIGKILL)
+        processes.stop(process, grace=grace)
+
+    def start_component(self, name: str, *, timeout: float = 180.0) -> None:
+        """Start a stopped (or crashed) component again with the arguments of its first start
+        and wait until it is healthy. Ports, certificates and etcd's data are unchanged, so
+        clients keep working once it answers again."""
+        component = self._components.get(name)
+        if component is None:
+            raise ControlPlaneError(f"{name} was never started here; known: {list(COMPONENTS)}")
+        crashed = self._processes.get(name)
+        if crashed is not None and crashed.poll() is None:
+            raise ControlPlaneError(f"{name} is running; restart it with restart_component")
+        self.stop_component(name)  # forgets a crashed process
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as handle:
+            handle.write(f"--- pkobatch: restarting {name} ---\n".encode())
+        self._processes[name] = processes.spawn(component.argv, log=log)
+        self._wait_healthy(name, component.health_url, component.context, timeout)
+
+    def restart_component(
+        self, name: str, *, kill: bool = False, down_seconds: float = 0.0, timeout: float = 180.0
+    ) -> None:
+        """Stop one component (SIGKILL with ``kill``), keep it down for ``down_seconds`` and
+        start it again with the same arguments; returns once it is healthy."""
+        self.stop_component(name, kill=kill)
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.start_component(name, timeout=timeout)
 
     # -- clients --------------------------------------------------------------------------
 
@@ -221,11 +281,20 @@ class ControlPlane:
 
     # -- components -----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        health_url: str,
+        context: ssl.SSLContext | None,
+        timeout: float,
+    ) -> None:
         log = self.log_dir / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"")
+        self._components[name] = _Component(tuple(argv), health_url, context)
         self._processes[name] = processes.spawn(argv, log=log)
+        self._wait_healthy(name, health_url, context, timeout)
 
     def _wait_healthy(
         self, name: str, url: str, context: ssl.SSLContext | None, timeout: float
@@ -235,7 +304,12 @@ class ControlPlane:
         )
 
         def healthy() -> bool:
-            self.check_alive()
+            process = self._processes[name]
+            if process.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with code {process.returncode}:\n"
+                    + _tail(self.log_dir / f"{name}.log")
+                )
             try:
                 with opener.open(url, timeout=5) as response:
                     return bool(response.status == 200)
@@ -269,12 +343,15 @@ class ControlPlane:
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
             ],
+            f"{self.endpoints.etcd}/health",
+            None,
+            timeout,
         )
-        self._wait_healthy("etcd", f"{self.endpoints.etcd}/health", None, timeout)
 
     def _start_apiserver(self, advertise: str, timeout: float) -> None:
         assert self.endpoints is not None
         pki = self.pki
+        context = ssl.create_default_context(cafile=str(pki.ca_cert))
         self._spawn(
             "kube-apiserver",
             [
@@ -297,15 +374,20 @@ class ControlPlane:
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
             ],
+            f"{self.server}/readyz",
+            context,
+            timeout,
         )
-        context = ssl.create_default_context(cafile=str(pki.ca_cert))
-        self._wait_healthy("kube-apiserver", f"{self.server}/readyz", context, timeout)
 
     def _start_controller_manager(self, timeout: float) -> None:
         assert self.endpoints is not None
         pki = self.pki
         certs = self.state_dir / "control-plane" / "kcm-certs"
         certs.mkdir(parents=True, exist_ok=True)
+        # kcm serves healthz with a self-signed certificate of its own.
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
         self._spawn(
             "kube-controller-manager",
             [
@@ -323,13 +405,6 @@ class ControlPlane:
                 f"--cert-dir={certs}",
                 "--profiling=false",
             ],
-        )
-        # kcm serves healthz with a self-signed certificate of its own.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
-        self._wait_healthy(
-            "kube-controller-manager",
             f"https://127.0.0.1:{self.endpoints.controller_manager_port}/healthz",
             insecure,
             timeout,
