@@ -34,7 +34,9 @@ What it does like a kubelet:
   started (``status.startTime``) and left unfinished is reported and released the same way;
 - at most ``max_running`` pods run at once; the others wait in Pending, first come first
   served;
-- output goes to ``<state>/logs/<namespace>/<pod>.log`` (``pods/log`` needs a kubelet).
+- output goes to ``<state>/logs/<namespace>/<pod>.log``, which it serves to the API server
+  as a kubelet does (``pods/log``; ``pkobatch.dev.container_logs``) when given its TLS
+  material: it registers its Node with its address and kubelet port for that.
 
 Pods waiting for a slot stay unbound, like pods no scheduler has placed yet.
 """
@@ -57,9 +59,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from pkobatch.dev import processes
+from pkobatch.dev.container_logs import ContainerLog, ContainerLogServer, KubeletTls
 from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
 from pkobatch.dev.podenv import CreateContainerConfigError, expand, resolve_env
 from pkobatch.kube.client import (
+    NODES,
     PODS,
     Conflict,
     Gone,
@@ -365,9 +369,17 @@ class _PodWorker:
             return None
         argv, env, working_dir = resolved
         started = _now()
+        # A path is relative to the working directory, a bare name is looked up on PATH.
+        command = os.path.join(working_dir, argv[0]) if os.sep in argv[0] else argv[0]
+        if shutil.which(command, path=env.get("PATH")) is None:
+            message = f"cannot start {argv[0]}: no such executable on the pod's PATH"
+            self._report_terminal(container, 128, message, started=None)
+            return 128
         try:
             with self.log_path.open("ab") as log_file:
-                self.process = processes.spawn(argv, log=log_file, env=env, cwd=working_dir)
+                self.process = processes.spawn(
+                    self._in_reaper(argv), log=log_file, env=env, cwd=working_dir
+                )
         except OSError as exc:
             self._report_terminal(container, 128, f"cannot start {argv[0]}: {exc}", started=None)
             return 128
@@ -397,8 +409,17 @@ class _PodWorker:
                     break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.2)
-        # SIGKILL what is left, grandchildren included, as when a container ends.
-        return processes.stop(process, grace=0)
+        # SIGKILL what is left, all descendants included, as when a container ends.
+        return processes.kill_tree(process)
+
+    def _in_reaper(self, argv: list[str]) -> list[str]:
+        """``argv`` under ``pkobatch.dev.reaper``: the container's whole process tree ends
+        with it, and its hostname is the pod's (``-E``: the pod's PYTHON* variables are for
+        the container, not for the reaper)."""
+        spec = self.pod.get("spec") or {}
+        hostname = str(spec.get("hostname") or self.name)[:63]
+        reaper = [sys.executable, "-E", "-m", "pkobatch.dev.reaper", "--hostname", hostname]
+        return [*reaper, "--", *argv]
 
     # -- status ---------------------------------------------------------------------------
 
@@ -546,10 +567,11 @@ class _PodWorker:
 class NodeAgent:
     """Runs the cluster's unscheduled pods as local processes (see the module docstring).
 
-    ``start()`` launches the watch thread; ``stop()`` is a graceful node shutdown: every
-    process gets at most ``shutdown_grace`` seconds, its pod is reported Failed with a
-    ``DisruptionTarget`` condition and, when being deleted, released. Pods are bound to
-    ``node_name`` (no Node object exists).
+    ``start()`` launches the watch thread and, given ``kubelet_tls``, the container-log
+    endpoint and the Node ``node_name`` that tells the API server where it is; ``stop()`` is
+    a graceful node shutdown: every process gets at most ``shutdown_grace`` seconds, its pod
+    is reported Failed with a ``DisruptionTarget`` condition and, when being deleted,
+    released. Pods are bound to ``node_name``.
     """
 
     def __init__(
@@ -563,6 +585,7 @@ class NodeAgent:
         max_running: int = 4,
         shutdown_grace: float = 5.0,
         node_name: str = DEFAULT_NODE_NAME,
+        kubelet_tls: KubeletTls | None = None,
     ) -> None:
         self.kube = kube
         self.node_name = node_name
@@ -578,6 +601,16 @@ class NodeAgent:
         self._stream: Any = None
         self._thread = threading.Thread(target=self._watch_loop, name="node-agent", daemon=True)
         self._synced = threading.Event()
+        self._log_server = (
+            ContainerLogServer(
+                self._container_log,
+                cert=kubelet_tls.cert,
+                key=kubelet_tls.key,
+                client_ca=kubelet_tls.client_ca,
+            )
+            if kubelet_tls is not None
+            else None
+        )
 
     @property
     def log_dir(self) -> Path:
@@ -598,9 +631,62 @@ class NodeAgent:
         }
 
     def start(self, timeout: float = 30.0) -> None:
+        if self._log_server is not None:
+            self._log_server.start()
+            self.register_node(self._log_server.port)
         self._thread.start()
         if not self._synced.wait(timeout):
             raise TimeoutError(f"node agent: no pod list from {self.server} in {timeout:.0f}s")
+
+    def register_node(self, kubelet_port: int) -> None:
+        """Create (or update) this node's Node: its address and kubelet port are where the
+        API server sends ``pods/log`` requests."""
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node_name,
+                "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"},
+            },
+        }
+        with contextlib.suppress(Conflict):
+            self.kube.create(NODES, node)
+        now = _now()
+        status = {
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.node_name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "the pkobatch node agent runs this node's pods",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+        self.kube.request(
+            "PATCH",
+            NODES.path(None, self.node_name, "status"),
+            body={"status": status},
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    def _container_log(self, namespace: str, pod: str) -> ContainerLog | None:
+        """The output of a pod of this node, for the container-log endpoint."""
+        with self.lock:
+            workers = [
+                w for w in self._workers.values() if (w.namespace, w.name) == (namespace, pod)
+            ]
+        current = next((w for w in workers if not w.released), None)
+        if current is not None:
+            return ContainerLog(current.log_path, lambda: current.done)
+        path = self.log_dir / namespace / f"{pod}.log"
+        return ContainerLog(path, lambda: True) if path.is_file() else None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -615,6 +701,8 @@ class NodeAgent:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=self.shutdown_grace + 10)
         self._thread.join(timeout=10)
+        if self._log_server is not None:
+            self._log_server.stop()
 
     def running(self) -> list[str]:
         """``namespace/name`` of the pods whose process runs now."""

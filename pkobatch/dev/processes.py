@@ -104,6 +104,52 @@ def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
     return code
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first), from the parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
+
+
+def kill_descendants(pid: int, *, rounds: int = 50) -> None:
+    """SIGKILL every process below ``pid``, again until none is left (one may have forked
+    while the others were killed). Processes that called ``setsid()`` are found too: the
+    walk follows parents, not process groups."""
+    for _ in range(rounds):
+        found = descendants(pid)
+        if not found:
+            return
+        for child in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> int:
+    """SIGKILL ``process``, its process group and everything below it; the exit code."""
+    if process.poll() is None:
+        # Descendants first: once the leader is gone, its orphans leave its tree.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGSTOP)
+        kill_descendants(process.pid)
+    return stop(process, grace=0)
+
+
 def forget(process: subprocess.Popen[bytes]) -> None:
     with _live_lock:
         _live.pop(process.pid, None)

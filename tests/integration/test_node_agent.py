@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
+import ssl
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +21,7 @@ from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
     NAMESPACES,
+    NODES,
     PODS,
     ROLEBINDINGS,
     ROLES,
@@ -169,6 +173,58 @@ def test_deleting_a_job_removes_its_pods_and_kills_their_processes(
 
     wait_until(lambda: not job_pods(namespace, "doomed"), timeout=90, what="pods to be deleted")
     wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30, what="processes to end")
+
+
+# A process that starts a grandchild in a session of its own (as a Pulumi dynamic provider
+# can be), which a process-group kill never reaches, records both pids and the hostname.
+SESSION_ESCAPER = textwrap.dedent(
+    """
+    import os, socket, subprocess, sys, time
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    with open(os.environ["PID_FILE"] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid} {socket.gethostname()}")
+    os.rename(os.environ["PID_FILE"] + ".tmp", os.environ["PID_FILE"])
+    time.sleep(float(os.environ["SLEEP"]))
+    """
+)
+
+
+@pytest.mark.parametrize("ending", ["exits", "deleted"])
+def test_a_pod_ends_with_its_whole_process_tree_and_runs_under_its_own_hostname(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    python_job: Any,
+    wait_job: Any,
+    job_pods: Any,
+    ending: str,
+) -> None:
+    pid_file = tmp_path / "pids"
+    env = [
+        {"name": "PID_FILE", "value": str(pid_file)},
+        {"name": "SLEEP", "value": "0" if ending == "exits" else "600"},
+    ]
+    kube.create(JOBS, python_job("tree", SESSION_ESCAPER, env=env, grace=2), namespace)
+    wait_until(pid_file.exists, timeout=60, what="the pod to start")
+    main_pid, grandchild, hostname = pid_file.read_text().split()
+    (pod,) = job_pods(namespace, "tree")
+
+    if ending == "exits":
+        kind, _, _ = wait_job(namespace, "tree")
+        assert kind == "Complete"
+    else:
+        kube.delete(JOBS, "tree", namespace, propagation="Background")
+        wait_until(lambda: not job_pods(namespace, "tree"), timeout=90, what="pod deletion")
+
+    wait_until(
+        lambda: not alive(int(grandchild)) and not alive(int(main_pid)),
+        timeout=30,
+        what="the setsid grandchild to end with its pod",
+    )
+    if os.geteuid() == 0:  # a UTS namespace of the pod's own needs root
+        assert hostname == pod["metadata"]["name"]
 
 
 def test_environment_is_resolved_like_the_kubelet(
@@ -423,9 +479,14 @@ def test_pod_logs_follow_until_the_pod_ends(
 ) -> None:
     code = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
     kube.create(JOBS, python_job("ticks", code), namespace)
-    wait_until(lambda: bool(job_pods(namespace, "ticks")), timeout=60, what="the pod")
+    wait_until(
+        lambda: any(p["status"].get("phase") == "Running" for p in job_pods(namespace, "ticks")),
+        timeout=60,
+        what="the pod to run",
+    )
     pod = job_pods(namespace, "ticks")[0]["metadata"]["name"]
 
+    # pods/log through the API server, which calls the node agent as it would a kubelet.
     lines = list(cluster.pod_logs.follow(namespace, pod))
 
     assert lines == [f"tick {i}\n" for i in range(5)]
@@ -676,3 +737,52 @@ def test_a_pod_left_running_by_an_earlier_agent_is_reported_and_released(
         assert (agent.log_dir / namespace / "fresh.log").read_text() == "ran\n"
     finally:
         agent.stop()
+
+
+def test_pods_log_is_served_through_the_api_server_as_by_a_kubelet(
+    kube: Kube, namespace: str, cluster: Any, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    code = "for i in range(10):\n    print('line', i)"
+    kube.create(JOBS, python_job("printer", code), namespace)
+    wait_job(namespace, "printer")
+    pod = job_pods(namespace, "printer")[0]["metadata"]["name"]
+    kubectl = [
+        str(Path(sys.executable).parent / "kubectl"),
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+    ]
+
+    whole = subprocess.run(
+        [*kubectl, "logs", "-n", namespace, pod], capture_output=True, text=True, timeout=60
+    )
+    tail = subprocess.run(
+        [*kubectl, "logs", "-n", namespace, pod, "--tail", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout == "".join(f"line {i}\n" for i in range(10))
+    assert tail.stdout == "line 7\nline 8\nline 9\n"
+    assert cluster.pod_logs.read(namespace, pod, container="main", tail_lines=1) == "line 9\n"
+    # The Node tells the API server where the endpoint is; it accepts only the cluster's
+    # client certificates (the API server's), over TLS.
+    node = kube.get(NODES, cluster.agent.node_name)
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    anonymous = ssl.create_default_context(cafile=str(cluster.control_plane.ca_file))
+
+    def answer_without_client_certificate() -> bytes:
+        request = f"GET /containerLogs/{namespace}/{pod}/main HTTP/1.1\r\n\r\n".encode()
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                anonymous.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
+                tls.sendall(request)
+                return tls.recv(1024)
+        except (ssl.SSLError, ConnectionError):
+            return b""
+
+    assert answer_without_client_certificate() == b""
