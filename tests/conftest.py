@@ -11,14 +11,15 @@ controller's pods as local processes, with ``crds/`` installed.
     cluster.kube            Kube   admin client (pkobatch.kube.client)
     cluster.state_dir       Path   control-plane state (pki/, control-plane/*.log, pods/)
     cluster.log_dir         Path   pod output: <log_dir>/<namespace>/<pod>.log
-    cluster.pod_logs        DirectoryPodLogs over log_dir (pkobatch.kube.logs)
+    cluster.pod_logs        ApiPodLogs: pods/log through the API server, which the node
+                                   agent serves as a kubelet does (pkobatch.kube.logs)
     cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
                                    ``tools.pulumi`` is None when Pulumi is not built
     cluster.agent           NodeAgent
     cluster.service_account_kubeconfig(namespace, name, path) -> Path
                                    kubeconfig with a real TokenRequest token for that SA
     cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
-    cluster.env(**extra) -> dict   os.environ + KUBECONFIG=admin + PKOBATCH_POD_LOG_DIR,
+    cluster.env(**extra) -> dict   os.environ + KUBECONFIG=admin,
                                    for subprocesses (e.g. `python -m pkobatch.main controller`)
 
 ``git_server`` -> ``GitServer``: a loopback HTTP git server (``git http-backend``) checking
@@ -89,7 +90,7 @@ from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
 from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
-from pkobatch.kube.logs import POD_LOG_DIR_ENV, DirectoryPodLogs
+from pkobatch.kube.logs import ApiPodLogs
 
 PROGRAMS = Path(__file__).parent / "fixtures" / "programs"
 BASE_PROGRAM = "files"
@@ -138,8 +139,8 @@ class Cluster:
         return self.agent.log_dir
 
     @property
-    def pod_logs(self) -> DirectoryPodLogs:
-        return DirectoryPodLogs(self.log_dir, self.kube)
+    def pod_logs(self) -> ApiPodLogs:
+        return ApiPodLogs(self.kube)
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
         # Valid for longer than any test session.
@@ -156,7 +157,6 @@ class Cluster:
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
-        env[POD_LOG_DIR_ENV] = str(self.log_dir)
         env.update(extra)
         return env
 
@@ -182,6 +182,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         state_dir=state,
         path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
         max_running=8,
+        kubelet_tls=control_plane.kubelet_tls,
     )
     try:
         agent.start()

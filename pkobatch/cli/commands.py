@@ -59,7 +59,7 @@ from pkobatch.cli.views import (
     upcoming_runs,
 )
 from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, Gone
-from pkobatch.kube.logs import LogsUnavailable, pod_logs_for
+from pkobatch.kube.logs import ApiPodLogs, LogsUnavailable
 
 JSON = dict[str, Any]
 NAME = click.argument("name", shell_complete=complete_stack_names)
@@ -442,7 +442,7 @@ def logs_command(name: str, run_name: str | None, follow: bool, tail: int | None
             "lists the runs that still exist)"
         )
     pod = str(pods[0]["metadata"]["name"])
-    logs = pod_logs_for(session.kube)
+    logs = ApiPodLogs(session.kube)
     try:
         if follow:
             for line in logs.follow(namespace, pod, container=RUN_CONTAINER):

@@ -15,7 +15,6 @@ from pkobatch.dev.demo import Demo, DemoFailed
 from pkobatch.dev.supervisor import STATE_ENV, DevError, down, read_status, up
 from pkobatch.dev.supervisor import state_dir as resolve_state_dir
 from pkobatch.dev.tools import ToolsMissing
-from pkobatch.kube.logs import POD_LOG_DIR_ENV
 
 _STATE_HELP = f"state directory [env {STATE_ENV}; default ./.pkobatch/dev]"
 state_option = click.option(
@@ -29,13 +28,18 @@ def _print_environment(status: dict[str, Any]) -> None:
     table.add_row("state", str(status.get("state")))
     if status.get("error"):
         table.add_row("error", str(status["error"]))
-    if status.get("state") != "running":
+    if status.get("state") not in ("running", "degraded"):
         console.print(table)
         return
     table.add_row("supervisor", f"pid {status.get('supervisorPid')}")
     table.add_row("API server", str(status.get("server", "-")))
+    down = status.get("down") or {}
+    restarts = status.get("restarts") or {}
     for name, pid in (status.get("components") or {}).items():
-        table.add_row(f"  {name}", f"pid {pid}")
+        detail = f"DOWN: {down[name]}" if name in down else f"pid {pid}"
+        if restarts.get(name):
+            detail += f" (restarted {restarts[name]}x)"
+        table.add_row(f"  {name}", detail)
     controller = status.get("controller") or {}
     detail = controller.get("state", "-")
     if "pid" in controller:
@@ -70,7 +74,6 @@ def up_command(state_dir: Path | None, max_pods: int, no_controller: bool, timeo
     click.echo(
         "\nPoint kubectl and pkobatch at it:\n"
         f"  export KUBECONFIG={status['kubeconfig']}\n"
-        f"  export {POD_LOG_DIR_ENV}={status['podLogDir']}\n"
         "Stop it with: pkobatch dev down"
     )
 
@@ -90,7 +93,8 @@ def down_command(state_dir: Path | None) -> None:
 @state_option
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 def status_command(state_dir: Path | None, output: str) -> None:
-    """Show what runs; exit code 1 when the environment is not running."""
+    """Show what runs; exit code 1 when the environment is not running or a component of
+    the control plane is down (state ``degraded``: the supervisor restarts it)."""
     status = read_status(resolve_state_dir(state_dir))
     if output == "json":
         click.echo(json.dumps(status, indent=2))
@@ -125,7 +129,6 @@ def demo_command(state_dir: Path | None, timeout: float, keep: bool) -> None:
         click.echo(
             "\nThe environment keeps running:\n"
             f"  export KUBECONFIG={status.get('kubeconfig')}\n"
-            f"  export {POD_LOG_DIR_ENV}={status.get('podLogDir')}\n"
             f"Stop it with: pkobatch dev down --state-dir {root}"
         )
     click.echo("demo complete")

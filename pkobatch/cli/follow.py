@@ -20,7 +20,7 @@ from pkobatch.cli.fetch import get_stack_in, run_pods
 from pkobatch.cli.requests import Progress
 from pkobatch.cli.session import CommandFailed, Session
 from pkobatch.kube.client import KubeError
-from pkobatch.kube.logs import LogsUnavailable, pod_logs_for
+from pkobatch.kube.logs import ApiPodLogs, LogsUnavailable
 
 JSON = dict[str, Any]
 POLL_INTERVAL: Final = 1.0
@@ -58,12 +58,14 @@ class LogFollower:
             pod = ""
             while not pod and not self._stop.is_set():
                 pods = run_pods(kube, self._namespace, self._job_name)
-                pod = str((pods[0].get("metadata") or {}).get("name") or "") if pods else ""
+                # The kubelet serves a container's output once it has started.
+                started = [p for p in pods if (p.get("status") or {}).get("phase") != "Pending"]
+                pod = str((started[0].get("metadata") or {}).get("name") or "") if started else ""
                 if not pod:
                     self._stop.wait(POLL_INTERVAL)
             if not pod:
                 return
-            logs = pod_logs_for(kube)
+            logs = ApiPodLogs(kube)
             for line in logs.follow(self._namespace, pod, container=RUN_CONTAINER):
                 self._session.err.print(Text(line.rstrip("\n"), style="dim"), markup=False)
                 if self._stop.is_set():

@@ -28,6 +28,7 @@ from typing import Final
 import yaml
 
 from pkobatch.dev import processes
+from pkobatch.dev.container_logs import KubeletTls
 from pkobatch.dev.kubeconfig import (
     certificate_user,
     kubeconfig,
@@ -151,6 +152,12 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.pki.ca_cert
+
+    @property
+    def kubelet_tls(self) -> KubeletTls:
+        """What the node agent serves ``pods/log`` with, matching the API server's
+        ``--kubelet-*`` flags."""
+        return KubeletTls(self.pki.kubelet_cert, self.pki.kubelet_key, self.pki.ca_cert)
 
     @property
     def pids(self) -> dict[str, int]:
@@ -364,6 +371,11 @@ class ControlPlane:
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
+                # pods/log goes to the node agent's container-log endpoint, as to a kubelet.
+                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+                f"--kubelet-client-key={pki.kubelet_client_key}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.service_account_public_key}",

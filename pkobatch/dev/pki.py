@@ -1,5 +1,7 @@
 """Key material for the local control plane: a CA, the API server's serving certificate, an
-admin client certificate (group ``system:masters``) and the service-account signing key.
+admin client certificate (group ``system:masters``), the service-account signing key, and the
+pair a kubelet has with the API server: the node agent's serving certificate (its
+container-log endpoint) and the API server's client certificate for calling it.
 
 Generated once per state directory and reused, so tokens and kubeconfigs stay valid when a
 control plane is restarted on the same data.
@@ -56,6 +58,22 @@ class Pki:
         return self.directory / "admin.key"
 
     @property
+    def kubelet_cert(self) -> Path:
+        return self.directory / "kubelet.crt"
+
+    @property
+    def kubelet_key(self) -> Path:
+        return self.directory / "kubelet.key"
+
+    @property
+    def kubelet_client_cert(self) -> Path:
+        return self.directory / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.directory / "apiserver-kubelet-client.key"
+
+    @property
     def service_account_key(self) -> Path:
         return self.directory / "sa.key"
 
@@ -106,6 +124,10 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
         pki.serving_key,
         pki.admin_cert,
         pki.admin_key,
+        pki.kubelet_cert,
+        pki.kubelet_key,
+        pki.kubelet_client_cert,
+        pki.kubelet_client_key,
         pki.service_account_key,
         pki.service_account_public_key,
     )
@@ -168,6 +190,16 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
     admin_cert, admin_key = leaf(
         _name(ADMIN_USER, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, []
     )
+    kubelet_cert, kubelet_key = leaf(
+        _name("pkobatch-dev-node"),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    kubelet_client_cert, kubelet_client_key = leaf(
+        _name("kube-apiserver-kubelet-client", "system:masters"),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        [],
+    )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
@@ -176,6 +208,10 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
     _write_private(pki.serving_key, serving_key)
     pki.admin_cert.write_bytes(admin_cert)
     _write_private(pki.admin_key, admin_key)
+    pki.kubelet_cert.write_bytes(kubelet_cert)
+    _write_private(pki.kubelet_key, kubelet_key)
+    pki.kubelet_client_cert.write_bytes(kubelet_client_cert)
+    _write_private(pki.kubelet_client_key, kubelet_client_key)
     _write_private(pki.service_account_key, _key_pem(sa_key))
     pki.service_account_public_key.write_bytes(
         sa_key.public_key().public_bytes(

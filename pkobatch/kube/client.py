@@ -75,6 +75,7 @@ EVENTS: Final = Resource("events.k8s.io", "v1", "events", "Event")
 CORE_EVENTS: Final = Resource("", "v1", "events", "Event")
 SERVICEACCOUNTS: Final = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 NAMESPACES: Final = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+NODES: Final = Resource("", "v1", "nodes", "Node", namespaced=False)
 LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 CRDS: Final = Resource(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False

@@ -22,7 +22,6 @@ from click.testing import CliRunner, Result
 from pkobatch.cli.reference import user_group
 from pkobatch.dev import processes
 from pkobatch.kube.client import CLUSTERROLES, JOBS, ROLEBINDINGS, SECRETS, STACKS, Kube
-from pkobatch.kube.logs import POD_LOG_DIR_ENV
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +66,6 @@ def controller(
 
 @pytest.fixture
 def cli(cluster: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-    monkeypatch.setenv(POD_LOG_DIR_ENV, str(cluster.log_dir))
 
     def run(*args: str) -> Result:
         return CliRunner().invoke(

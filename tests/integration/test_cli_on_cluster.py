@@ -40,7 +40,6 @@ from pkobatch.kube.client import (
     STACKS,
     Kube,
 )
-from pkobatch.kube.logs import POD_LOG_DIR_ENV
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
@@ -56,7 +55,6 @@ HOUR_AGO_TEXT = HOUR_AGO.strftime("%Y-%m-%dT%H:%M:%SZ")
 @pytest.fixture
 def cli(cluster: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
     """Run `pkobatch ARGS -n <test namespace>` as the cluster admin."""
-    monkeypatch.setenv(POD_LOG_DIR_ENV, str(cluster.log_dir))
     monkeypatch.delenv("KUBECONFIG", raising=False)
 
     def run(*args: str, input: str | None = None, kubeconfig: Path | None = None) -> Result:

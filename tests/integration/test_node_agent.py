@@ -156,7 +156,8 @@ def test_sigkill_after_grace_period_when_sigterm_is_ignored(
 
     assert (kind, reason) == ("Failed", "DeadlineExceeded")
     wait_until(lambda: not alive(pid), timeout=60, what="the process to be killed")
-    assert "got SIGTERM" in cluster.pod_logs.read(namespace, pod_name)
+    # The pod is gone (the Job controller deletes it at the deadline): the agent's own file.
+    assert "got SIGTERM" in (cluster.log_dir / namespace / f"{pod_name}.log").read_text()
 
 
 def test_deleting_a_job_removes_its_pods_and_kills_their_processes(
@@ -614,7 +615,8 @@ def test_a_terminated_pod_keeps_its_token_through_the_grace_period(
             timeout=60,
             what="the Job's foreground deletion to finish",
         )
-    assert "result written" in cluster.pod_logs.read(namespace, pod_name)
+    # The pod is gone: the agent's own file.
+    assert "result written" in (cluster.log_dir / namespace / f"{pod_name}.log").read_text()
 
 
 def bare_pod(name: str, code: str, node_name: str, *, grace: int = 30) -> JSON:
