@@ -11,7 +11,7 @@ State directory (default ``./.pkobatch/dev``, or ``$PKOBATCH_DEV_STATE``)::
     supervisor.pid, supervisor.log, status.json
     kubeconfig            admin kubeconfig of the running cluster
     controller.log        the controller's output
-    logs/<ns>/<pod>.log   output of every pod (PKOBATCH_POD_LOG_DIR)
+    logs/<ns>/<pod>.log   output of every pod (served as pods/log by the node agent)
     + the control plane's files (see pkobatch.dev.controlplane)
 """
 
@@ -27,19 +27,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from pkobatch.dev import processes
-from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
+from pkobatch.dev.controlplane import (
+    COMPONENTS,
+    ControlPlane,
+    ControlPlaneError,
+    default_crds_dir,
+)
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import ToolsMissing, find_tools
-from pkobatch.kube.logs import POD_LOG_DIR_ENV
 
 STATE_ENV: Final = "PKOBATCH_DEV_STATE"
 DEFAULT_STATE: Final = Path(".pkobatch") / "dev"
 log = logging.getLogger("pkobatch.dev")
+_RESTART_TIMEOUT: Final = 120.0
+_RESTART_BACKOFF_CAP: Final = 60.0
 
 
 class DevError(Exception):
@@ -92,7 +99,6 @@ def controller_env(paths: DevPaths, kubeconfig: Path) -> dict[str, str]:
             "PKOBATCH_METRICS_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_HEALTH_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_LOG_FORMAT": "text",
-            POD_LOG_DIR_ENV: str(paths.pod_log_dir),
         }
     )
     return env
@@ -152,6 +158,7 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
             state_dir=root,
             path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
             max_running=max_pods,
+            kubelet_tls=control_plane.kubelet_tls,
         )
         agent.start()
         status.update(
@@ -174,8 +181,9 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
             )
             status["controller"] = {"state": "running", "pid": controller.pid}
         _write_status(paths, status)
+        components = _ComponentKeeper(control_plane, status)
         while True:
-            control_plane.check_alive()
+            components.restart_crashed()
             if controller is not None and controller.poll() is not None:
                 status["controller"] = {
                     "state": "exited",
@@ -196,18 +204,74 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
         _write_status(paths, status)
         return 1
     finally:
+        # Each step runs whatever the one before did: a teardown that stops half-way
+        # leaves processes behind.
         if controller is not None:
-            processes.stop(controller, grace=10)
+            _teardown_step("stopping the controller", lambda: processes.stop(controller, 10))
         if agent is not None:
-            agent.stop()
+            _teardown_step("stopping the node agent", agent.stop)
         if control_plane is not None:
-            control_plane.stop()
+            _teardown_step("stopping the control plane", control_plane.stop)
         if status.get("state") != "failed":
             status["state"] = "stopped"
         status.pop("runningPods", None)
-        _write_status(paths, status)
+        _teardown_step("writing the final status", lambda: _write_status(paths, status))
         with contextlib.suppress(OSError):
             paths.pid_file.unlink()
+
+
+def _teardown_step(what: str, step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception:
+        log.exception("pkobatch dev: %s failed; going on with the teardown", what)
+
+
+class _ComponentKeeper:
+    """Starts a crashed control-plane component again (etcd keeps its data, every component
+    its ports), and records in the status what is down while it cannot: ``dev status`` then
+    reports the environment ``degraded``, naming the component."""
+
+    def __init__(self, control_plane: ControlPlane, status: dict[str, Any]) -> None:
+        self.control_plane = control_plane
+        self.status = status
+        self.next_attempt: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+
+    def restart_crashed(self) -> None:
+        exited = self.control_plane.exited()
+        # etcd first: the API server cannot become ready without it.
+        for name in [n for n in COMPONENTS if n in exited]:
+            if time.monotonic() < self.next_attempt.get(name, 0.0):
+                continue
+            log.warning("pkobatch dev: %s exited with code %s; restarting it", name, exited[name])
+            self._mark_down(name, f"exited with code {exited[name]}; restarting")
+            try:
+                self.control_plane.start_component(name, timeout=_RESTART_TIMEOUT)
+            except (ControlPlaneError, OSError) as exc:
+                failures = self.failures[name] = self.failures.get(name, 0) + 1
+                delay = min(_RESTART_BACKOFF_CAP, 2.0**failures)
+                self.next_attempt[name] = time.monotonic() + delay
+                self._mark_down(name, f"cannot be restarted (next try in {delay:.0f}s): {exc}")
+                continue
+            self.failures.pop(name, None)
+            restarts = self.status.setdefault("restarts", {})
+            restarts[name] = restarts.get(name, 0) + 1
+            self.status["components"] = self.control_plane.pids
+            down = self.status.get("down") or {}
+            down.pop(name, None)
+            if down:
+                self.status["down"] = down
+            else:
+                self.status.pop("down", None)
+                self.status["state"] = "running"
+            log.info("pkobatch dev: %s is healthy again", name)
+
+    def _mark_down(self, name: str, message: str) -> None:
+        self.status.setdefault("down", {})[name] = message
+        self.status["state"] = "degraded"
+        with contextlib.suppress(OSError):
+            _write_status(DevPaths(Path(self.status["stateDir"])), self.status)
 
 
 # -- the commands ----------------------------------------------------------------------------
@@ -220,7 +284,7 @@ def read_status(root: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         status = {"state": "absent"}
     pid = running_pid(paths)
-    if pid is None and status.get("state") in ("starting", "running"):
+    if pid is None and status.get("state") in ("starting", "running", "degraded"):
         status["state"] = "dead"
     status["supervisorPid"] = pid
     return status

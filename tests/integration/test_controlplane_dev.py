@@ -14,7 +14,7 @@ import pytest
 from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import JOBS, Kube
+from pkobatch.kube.client import CONFIGMAPS, JOBS, Kube
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +34,29 @@ def start(state: Path) -> dict[str, Any]:
     return status
 
 
+def hello_job(name: str, greeting: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "unused",
+                            "command": [sys.executable, "-c", f"print({greeting!r})"],
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
 def test_dev_up_runs_jobs_and_down_leaves_nothing_behind(state: Path) -> None:
     status = start(state)
     pids = environment_pids(status)
@@ -44,27 +67,7 @@ def test_dev_up_runs_jobs_and_down_leaves_nothing_behind(state: Path) -> None:
 
     kube = Kube.connect(status["kubeconfig"])
     try:
-        job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "hello"},
-            "spec": {
-                "backoffLimit": 0,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "unused",
-                                "command": [sys.executable, "-c", "print('dev says hi')"],
-                            }
-                        ],
-                    }
-                },
-            },
-        }
-        kube.create(JOBS, job, "default")
+        kube.create(JOBS, hello_job("hello", "dev says hi"), "default")
         wait_until(
             lambda: (kube.get(JOBS, "hello", "default").get("status") or {}).get("succeeded") == 1,
             timeout=120,
@@ -102,3 +105,70 @@ def test_up_twice_is_refused(state: Path) -> None:
 
     assert second.returncode == 1
     assert "already running" in second.stderr
+
+
+def status_of(state: Path) -> dict[str, Any]:
+    result = pkobatch("dev", "status", "--state-dir", str(state), "-o", "json", check=False)
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+@pytest.mark.parametrize("component", ["etcd", "kube-apiserver"])
+def test_a_crashed_component_is_restarted_by_the_supervisor(state: Path, component: str) -> None:
+    status = start(state)
+    crashed = status["components"][component]
+    kube = Kube.connect(status["kubeconfig"])
+    try:
+        kube.create(
+            CONFIGMAPS,
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before-crash"}},
+            "default",
+        )
+
+        os.kill(crashed, signal.SIGKILL)
+
+        def restarted() -> bool:
+            current = status_of(state)
+            return (current.get("restarts") or {}).get(component) == 1 and current[
+                "state"
+            ] == "running"
+
+        wait_until(restarted, timeout=180, what=f"the supervisor to restart {component}")
+        current = status_of(state)
+        assert current["components"][component] != crashed
+        assert alive(current["components"][component])
+        table = pkobatch("dev", "status", "--state-dir", str(state)).stdout
+        assert "restarted 1x" in table
+        # Same data, same address: the old client still works and the cluster runs Jobs.
+        wait_until(
+            lambda: kube.get_or_none(CONFIGMAPS, "before-crash", "default") is not None,
+            timeout=60,
+            what="the API server to answer again",
+        )
+        kube.create(JOBS, hello_job("after-crash", "up again"), "default")
+        wait_until(
+            lambda: (
+                (kube.get(JOBS, "after-crash", "default").get("status") or {}).get("succeeded") == 1
+            ),
+            timeout=120,
+            what="a Job to succeed after the restart",
+        )
+    finally:
+        kube.close()
+
+
+def test_down_completes_while_the_api_server_is_gone(state: Path) -> None:
+    status = start(state)
+    pids = environment_pids(status)
+    ports = listening_ports(pids)
+    supervisor_pid = status["supervisorPid"]
+    # Stopped, not crashed: SIGSTOP keeps it from answering or being restarted.
+    os.kill(status["components"]["kube-apiserver"], signal.SIGSTOP)
+
+    assert "stopped" in pkobatch("dev", "down", "--state-dir", str(state)).stdout
+
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60, what="processes to end")
+    assert not alive(supervisor_pid)
+    assert leftovers(state, ports) == []
+    assert json.loads((state / "status.json").read_text())["state"] == "stopped"
+    assert "Traceback" not in (state / "supervisor.log").read_text()
