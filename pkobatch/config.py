@@ -83,7 +83,10 @@ class Settings(BaseSettings):
     workers: int = Field(default=4, ge=1, le=256)
     max_active_jobs: int = Field(default=50, ge=1, description="cluster-wide cap on running Jobs")
     poll_interval: Duration = Field(
-        default=timedelta(seconds=60), description="git branch polling interval (minimum 60s)"
+        default=timedelta(seconds=60),
+        ge=timedelta(seconds=1),
+        description="git branch polling interval (at least 1s; every interval costs one "
+        "ls-remote per polled branch, so keep the default 60s outside tests)",
     )
     schedule_starting_deadline: Duration = Field(
         default=timedelta(hours=1),

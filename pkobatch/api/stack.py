@@ -730,6 +730,12 @@ def _alias_note(alias: str, canonical: str) -> str:
     return f"{alias} was read as {canonical}; prefer the canonical name {canonical}"
 
 
+_ENV_SECRETS_NOTE: Final = (
+    "spec.envSecrets entries of the form {name: <secret>} (spec.envSecrets[].name) were read "
+    "as Secret names; prefer the canonical form, a list of names: spec.envSecrets: [<secret>]"
+)
+
+
 def _set_canonical(
     spec: dict[str, Any], alias_path: str, canonical: str, value: Any, notes: list[str]
 ) -> None:
@@ -772,7 +778,7 @@ def normalize_spec(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             else:
                 names.append(entry)
         spec["envSecrets"] = names
-        notes.append(_alias_note("spec.envSecrets[].name", "a Secret name in spec.envSecrets"))
+        notes.append(_ENV_SECRETS_NOTE)
 
     backend = spec.get("backend")
     if isinstance(backend, Mapping):

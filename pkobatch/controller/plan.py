@@ -362,7 +362,10 @@ class _Planner:
         first_time = self.old_status.get("observedGeneration") != self.generation
         self.status["observedGeneration"] = self.generation
         self.status["observedReconcileRequest"] = self.request
-        if first_time and self.check.spec is not None:
+        # Deletion raises the generation of a custom resource without a spec change: the
+        # notes about the spec were given for it already.
+        deleting = bool(self.meta.get("deletionTimestamp"))
+        if first_time and not deleting and self.check.spec is not None:
             notes = list(self.check.alias_notes)
             notes += [
                 f"{n.path} is ignored: {n.reason}" for n in noop_fields_in_use(self.check.spec)

@@ -28,6 +28,8 @@ from pkobatch.api.constants import FINALIZER
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import EVENTS, SECRETS, STACKS, Kube
 
+JSON = dict[str, Any]
+
 pytestmark = pytest.mark.integration
 
 
@@ -185,3 +187,40 @@ def test_idle_stacks_cause_no_writes(
     time.sleep(5)
     after = sum(controller.metric("rest_client_requests_total", method=m) for m in writes)
     assert after == before
+
+
+def test_alias_dialect_notes_read_well_and_come_once_per_generation(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    spec = {
+        "stack": "dev",
+        "projectRepo": "http://127.0.0.1:9/absent.git",
+        "branch": "main",
+        "envSecrets": [{"name": "cloud-credentials"}],
+    }
+    apply_stack(kube, namespace, "aliased", spec)
+
+    def notes() -> list[JSON]:
+        events, _ = kube.list_objects(EVENTS, namespace)
+        return [
+            e for e in events if e["reason"] == "SpecNotes" and e["regarding"]["name"] == "aliased"
+        ]
+
+    wait_until(lambda: bool(notes()), timeout=60, what="the SpecNotes Event")
+    (note,) = notes()
+    assert note["note"] == (
+        "spec.envSecrets entries of the form {name: <secret>} (spec.envSecrets[].name) were "
+        "read as Secret names; prefer the canonical form, a list of names: "
+        "spec.envSecrets: [<secret>]"
+    )
+    kube.delete(STACKS, "aliased", namespace)
+    wait_until(
+        lambda: kube.get_or_none(STACKS, "aliased", namespace) is None,
+        timeout=60,
+        what="the Stack to be deleted",
+    )
+    # Deletion raises the generation, but the spec is the same: no second note.
+    time.sleep(3)
+    (note,) = notes()
+    assert (note.get("series") or {}).get("count", 1) == 1
+    assert note.get("deprecatedCount", 1) == 1

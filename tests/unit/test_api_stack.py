@@ -149,6 +149,8 @@ def test_alias_dialect_normalises_to_canonical_fields() -> None:
     ]:
         assert alias in joined
         assert target in joined
+    # Each note reads as a sentence, never "the canonical name a Secret name".
+    assert "prefer the canonical name a " not in joined
     # The model reads the alias dialect directly too.
     assert StackSpec.model_validate(document["spec"]).to_manifest() == canonical
 

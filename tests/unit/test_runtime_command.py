@@ -16,6 +16,9 @@ from pkobatch.runtime.command import controller_command
         (["--metrics-addr", "nonsense"], {}, "PKOBATCH_METRICS_ADDR"),
         ([], {"PKOBATCH_LEADER_ELECTION__LEASE_DURATION": "soon"}, "LEASE_DURATION"),
         ([], {"PKOBATCH_MAX_ACTIVE_JOBS": "-1"}, "PKOBATCH_MAX_ACTIVE_JOBS"),
+        # The documented lower bound of the polling interval is enforced.
+        ([], {"PKOBATCH_POLL_INTERVAL": "500ms"}, "PKOBATCH_POLL_INTERVAL"),
+        ([], {"PKOBATCH_POLL_INTERVAL": "0s"}, "PKOBATCH_POLL_INTERVAL"),
     ],
 )
 def test_invalid_settings_exit_2_with_the_variable_named(
