@@ -50,6 +50,12 @@ class JobSettings(BaseModel):
     template_file: str = Field(
         default="", description="Job template YAML replacing the built-in jobs/job-template.yaml"
     )
+    pod_security_level: Literal["baseline", "restricted", "privileged"] = Field(
+        default="baseline",
+        description="Pod Security Standard every run's pod must meet, after the Stack's "
+        "spec.jobTemplate and spec.workspaceTemplate.spec.podTemplate are merged in "
+        "(docs/security.md); 'privileged' turns the check off",
+    )
     # Runner command: overridden in development to run the local interpreter.
     command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
 
@@ -87,6 +93,12 @@ class Settings(BaseSettings):
         ge=timedelta(seconds=1),
         description="git branch polling interval (at least 1s; every interval costs one "
         "ls-remote per polled branch, so keep the default 60s outside tests)",
+    )
+    insecure_http_git_hosts: CommaList = Field(
+        default_factory=list,
+        description="hosts (host or host:port) to which git credentials may be sent over "
+        "plain http://; by default credentials go only over https:// or ssh "
+        "(docs/security.md)",
     )
     schedule_starting_deadline: Duration = Field(
         default=timedelta(hours=1),

@@ -7,8 +7,16 @@ alone, as PKO does for config values). Templates are ``type: object`` subtrees t
 unknown fields: their pod-template parts are validated by the API server when the Job is
 created, and the controller reports that error on the Stack.
 
-CEL rules use only ``has()``, ``size()`` and arithmetic on them, so their cost does not
-depend on string or list lengths and stays far below the API server's budget.
+CEL cannot see the unknown fields such a subtree keeps, only its declared properties. So
+the templates declare the three pod-spec fields the ServiceAccount rules need
+(``pkobatch.api.hints.POD_SPEC_IDENTITY``), and those rules run at admission. The Pod
+Security check cannot be a CRD rule: it reads fields anywhere in the pod (containers,
+volumes, security contexts), and its level is a controller setting, which a static CRD
+does not know; the controller applies it before creating any Job (``Stalled/SpecInvalid``).
+
+CEL rules use ``has()``, ``size()``, arithmetic on them, and equality of ServiceAccount
+names (at most 253 characters on the template side), so their cost stays far below the
+API server's budget.
 
 ``crds/pulumi.com_stacks.yaml`` is ``render_crd_yaml()``; a unit test fails when it is
 stale.
@@ -58,6 +66,45 @@ def _count(*presence: str) -> str:
     return " + ".join(f"({p} ? 1 : 0)" for p in presence)
 
 
+def _has(path: str) -> str:
+    """CEL: every step of ``self.<path>`` is present."""
+    steps = path.split(".")
+    return " && ".join(f"has(self.{'.'.join(steps[: i + 1])})" for i in range(len(steps)))
+
+
+_WORKSPACE_ACCOUNT = "workspaceTemplate.spec.serviceAccountName"
+# The run's ServiceAccount as the Stack names it ('' = the controller's default).
+_RUN_ACCOUNT = (
+    f"({_set('serviceAccountName')} ? self.serviceAccountName : "
+    f"(({_has(_WORKSPACE_ACCOUNT)}) ? self.{_WORKSPACE_ACCOUNT} : ''))"
+)
+
+
+def _identity_rules(pod_spec: str) -> list[dict[str, str]]:
+    """A template's pod spec may not change the run's ServiceAccount or drop its token."""
+    rules = [
+        {
+            "rule": f"!({_has(f'{pod_spec}.{field}')}) || ({_RUN_ACCOUNT} != '' && "
+            f"self.{pod_spec}.{field} == {_RUN_ACCOUNT})",
+            "message": f"spec.{pod_spec}.{field} differs from the run's ServiceAccount: a "
+            "run's ServiceAccount comes only from spec.serviceAccountName (or "
+            f"spec.{_WORKSPACE_ACCOUNT}); set it there and remove spec.{pod_spec}.{field}",
+            "fieldPath": f".{pod_spec}.{field}",
+        }
+        for field in ("serviceAccountName", "serviceAccount")
+    ]
+    rules.append(
+        {
+            "rule": f"!({_has(f'{pod_spec}.automountServiceAccountToken')}) || "
+            f"self.{pod_spec}.automountServiceAccountToken",
+            "message": f"spec.{pod_spec}.automountServiceAccountToken is false: the run "
+            "writes its result with its ServiceAccount's token; remove the field",
+            "fieldPath": f".{pod_spec}.automountServiceAccountToken",
+        }
+    )
+    return rules
+
+
 SPEC_RULES: Final[list[dict[str, str]]] = [
     {
         "rule": f"!{_set('projectRepo')} || !({_set('branch')} && {_set('commit')})",
@@ -84,7 +131,11 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         "disagree: remove spec.destroyOnDelete (spec.destroyOnFinalize is the canonical name)",
         "fieldPath": ".destroyOnDelete",
     },
+    *_identity_rules("jobTemplate.spec"),
+    *_identity_rules("workspaceTemplate.spec.podTemplate.spec"),
 ]
+
+
 GIT_AUTH_RULES: Final[list[dict[str, str]]] = [
     {
         "rule": _count(

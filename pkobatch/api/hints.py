@@ -28,3 +28,25 @@ ANY_JSON = CrdHint(schema=PRESERVE_UNKNOWN)
 INT64 = CrdHint(extra={"format": "int64"})
 INT32 = CrdHint(extra={"format": "int32"})
 ATOMIC_LIST = CrdHint(extra={"x-kubernetes-list-type": "atomic"})
+
+# The pod-spec fields of the Stack's templates that the CRD's CEL rules read. CEL sees only
+# declared properties: the unknown fields a preserve-unknown-fields object keeps are
+# invisible to it, so each field a rule needs is declared here (the rest stays free-form).
+MAX_SERVICE_ACCOUNT_NAME: int = 253
+POD_SPEC_IDENTITY: Mapping[str, Any] = {
+    "serviceAccountName": {"type": "string", "maxLength": MAX_SERVICE_ACCOUNT_NAME},
+    "serviceAccount": {"type": "string", "maxLength": MAX_SERVICE_ACCOUNT_NAME},
+    "automountServiceAccountToken": {"type": "boolean"},
+}
+POD_SPEC_TEMPLATE = CrdHint(
+    schema={"type": "object", **PRESERVE_UNKNOWN, "properties": POD_SPEC_IDENTITY}
+)
+POD_TEMPLATE_SPEC = CrdHint(
+    schema={
+        "type": "object",
+        **PRESERVE_UNKNOWN,
+        "properties": {
+            "spec": {"type": "object", **PRESERVE_UNKNOWN, "properties": POD_SPEC_IDENTITY}
+        },
+    }
+)

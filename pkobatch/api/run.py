@@ -83,6 +83,9 @@ class RunSnapshot(_Model):
     # Environment variables whose values are secret (envRefs of type Secret, the access
     # token): the runner scrubs their values from logs, messages and outputs.
     secret_env: list[str] = Field(default_factory=list, alias="secretEnv")
+    # Hosts to which git credentials may go over plain http:// (the operator's
+    # PKOBATCH_INSECURE_HTTP_GIT_HOSTS); the runner refuses every other http:// host.
+    insecure_http_git_hosts: list[str] = Field(default_factory=list, alias="insecureHttpGitHosts")
     # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
     result_config_map: str = Field(default="", alias="resultConfigMap")
 

@@ -43,6 +43,8 @@ from pkobatch.api.hints import (
     FREE_FORM_OBJECT,
     INT32,
     INT64,
+    POD_SPEC_TEMPLATE,
+    POD_TEMPLATE_SPEC,
     PRESERVE_UNKNOWN,
     CrdHint,
 )
@@ -244,7 +246,7 @@ class WorkspaceTemplateSpec(_OpenModel):
     env_from: list[FreeFormObject] | None = Field(
         default=None, description="Extra environment sources (core/v1 EnvFromSource)."
     )
-    pod_template: FreeFormObject | None = Field(
+    pod_template: Annotated[dict[str, Any], POD_TEMPLATE_SPEC] | None = Field(
         default=None,
         description="PodTemplateSpec merged into the Job's pod template (container 'pulumi' "
         "is the run's container).",
@@ -321,7 +323,7 @@ class JobTemplate(_Model):
     metadata: JobTemplateMetadata | None = Field(
         default=None, description="Labels and annotations of the Jobs."
     )
-    spec: FreeFormObject | None = Field(
+    spec: Annotated[dict[str, Any], POD_SPEC_TEMPLATE] | None = Field(
         default=None,
         description="core/v1 PodSpec fields merged into every Job's pod template "
         "(tolerations, nodeSelector, volumes, ...).",

@@ -11,6 +11,14 @@ Layers, each applied over the previous one:
 5. the invariants again (labels, ``restartPolicy: Never``, ``backoffLimit: 0``, the runner
    command), so no template can break the run contract.
 
+The controller creates the Job with its own rights, so the Stack may not use it to get more
+than its author could run: the finished pod must meet the Pod Security level of
+``Settings.job.pod_security_level`` (``pkobatch.api.pod_security``), the templates may not
+change the ServiceAccount (it comes only from ``spec.serviceAccountName`` or
+``spec.workspaceTemplate.spec.serviceAccountName``), and git credentials go over plain
+``http://`` only to hosts the operator allowed (``pkobatch.api.git_transport``). Each
+refusal is a ``JobBuildError`` naming the field, raised before any Job exists.
+
 Secrets never pass through here as values: every credential becomes a ``secretKeyRef`` or
 ``envFrom.secretRef`` resolved by the kubelet, and the snapshot names the environment
 variables that hold them. References are ``optional`` so a missing Secret or ConfigMap
@@ -27,7 +35,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -48,6 +56,8 @@ from pkobatch.api.constants import (
     STACK_NAME_ANNOTATION,
     Operation,
 )
+from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
+from pkobatch.api.pod_security import Level, Violation, check_pod
 from pkobatch.api.run import GitAuthEnv, ProjectInfo, RunSnapshot, StackRef, ValueFromEnv
 from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
@@ -58,6 +68,10 @@ CONTAINER_NAME: Final = "pulumi"
 SNAPSHOT_FLAG: Final = "--snapshot"
 TEMPLATE_RESOURCE: Final = "job_template.yaml"
 MAX_NAME_LENGTH: Final = 63
+# Pod Security violations quoted in one message (the rest are counted).
+MAX_REPORTED_VIOLATIONS: Final = 5
+POD_SECURITY_SETTING: Final = "PKOBATCH_JOB__POD_SECURITY_LEVEL"
+SERVICE_ACCOUNT_FIELDS: Final = ("serviceAccountName", "serviceAccount")
 _HASH_LENGTH: Final = 10
 
 # Environment variables the builder fills from references (values never pass through here).
@@ -380,13 +394,19 @@ def build_job(
     settings: JobSettings,
     template: Mapping[str, Any],
     project_info: ProjectInfo | None = None,
+    insecure_http_git_hosts: Sequence[str] = (),
 ) -> JSON:
-    """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``)."""
+    """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``).
+
+    ``insecure_http_git_hosts`` are the hosts to which the operator lets git credentials
+    travel over plain ``http://`` (``Settings.insecure_http_git_hosts``).
+    """
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     name = job_name(stack_name, uid, run)
     labels = run_labels(stack_name, run.operation)
     workspace = spec.workspace_template.spec if spec.workspace_template else None
+    _check_git_transport(spec, insecure_http_git_hosts)
     workspace_env = copy.deepcopy((workspace.env if workspace else None) or [])
     environment = _environment(spec, workspace_env)
     snapshot = build_snapshot(
@@ -428,6 +448,12 @@ def build_job(
     pod_spec["terminationGracePeriodSeconds"] = int(
         settings.termination_grace_period.total_seconds()
     )
+    _check_service_account(spec)
+    level = settings.pod_security_level
+    # What the controller's own template already breaks is the operator's to fix.
+    template_fields = {
+        v.field for v in check_pod(pod_template.get("metadata") or {}, pod_spec, level)
+    }
 
     if workspace is not None and workspace.pod_template:
         patched = merge_named(pod_template, workspace.pod_template)
@@ -462,7 +488,12 @@ def build_job(
             if "secretKeyRef" in (e.get("valueFrom") or {})
         }
     )
-    snapshot = snapshot.model_copy(update={"secret_env": secret_env})
+    snapshot = snapshot.model_copy(
+        update={
+            "secret_env": secret_env,
+            "insecure_http_git_hosts": list(insecure_http_git_hosts),
+        }
+    )
     runner["command"] = list(settings.command)
     runner["args"] = [SNAPSHOT_FLAG, snapshot.model_dump_json(by_alias=True, exclude_none=True)]
     # The runner's cancellation budget is the grace period the pod really gets.
@@ -472,7 +503,75 @@ def build_job(
         {"name": ENV_GRACE_PERIOD, "value": str(grace)},
     ]
     _replace_container(pod_template["spec"], runner)
+    _check_pod_security(pod_template, level, template_fields)
     return job
+
+
+def _check_git_transport(spec: StackSpec, allowed_hosts: Sequence[str]) -> None:
+    url = spec.project_repo or ""
+    if credentials_allowed(url, allowed_hosts):
+        return
+    if has_url_credentials(url):
+        raise JobBuildError(refusal_message(url, "the user name and password in spec.projectRepo"))
+    if spec.git_auth is not None or spec.git_auth_secret:
+        what = "spec.gitAuth" if spec.git_auth is not None else "spec.gitAuthSecret"
+        raise JobBuildError(refusal_message(url, f"the git credentials of {what}"))
+
+
+def _check_service_account(spec: StackSpec) -> None:
+    """The templates may not give the run another ServiceAccount, or take its token away.
+
+    A template may repeat the ServiceAccount the Stack names, nothing else (not the
+    controller's default either: the CRD's CEL rule, which cannot know it, decides alike).
+    """
+    workspace = spec.workspace_template.spec if spec.workspace_template else None
+    named = spec.service_account_name or (workspace.service_account_name if workspace else "")
+    pod_template = (workspace.pod_template if workspace else None) or {}
+    layers = (
+        ("spec.workspaceTemplate.spec.podTemplate.spec", pod_template.get("spec")),
+        ("spec.jobTemplate.spec", spec.job_template.spec if spec.job_template else None),
+    )
+    for path, pod_spec in layers:
+        if not isinstance(pod_spec, Mapping):
+            continue
+        for field in SERVICE_ACCOUNT_FIELDS:
+            value = pod_spec.get(field)
+            if value is not None and (not named or value != named):
+                raise JobBuildError(
+                    f"{path}.{field} is {value!r}, but a run's ServiceAccount comes only from "
+                    "spec.serviceAccountName (or spec.workspaceTemplate.spec."
+                    f"serviceAccountName): set it there and remove {path}.{field}"
+                )
+        automount = pod_spec.get("automountServiceAccountToken")
+        if automount is not None and automount is not True:
+            raise JobBuildError(
+                f"{path}.automountServiceAccountToken is {automount!r}: the run writes its "
+                "result with its ServiceAccount's token; remove the field"
+            )
+
+
+def _check_pod_security(pod_template: JSON, level: Level, template_fields: set[str]) -> None:
+    violations = check_pod(pod_template.get("metadata") or {}, pod_template["spec"], level)
+    if not violations:
+        return
+    from_stack = [v for v in violations if v.field not in template_fields]
+    if from_stack:
+        raise JobBuildError(
+            f"the run's pod would break Pod Security level {level!r} ({POD_SECURITY_SETTING}): "
+            f"{_quote(from_stack)}; remove or change these fields in spec.jobTemplate.spec or "
+            "spec.workspaceTemplate.spec.podTemplate"
+        )
+    raise JobBuildError(
+        f"the controller's Job template breaks Pod Security level {level!r} "
+        f"({POD_SECURITY_SETTING}): {_quote(violations)}; the operator must fix "
+        f"PKOBATCH_JOB__TEMPLATE_FILE or choose another level"
+    )
+
+
+def _quote(violations: list[Violation]) -> str:
+    shown = "; ".join(f"pod {v}" for v in violations[:MAX_REPORTED_VIOLATIONS])
+    more = len(violations) - MAX_REPORTED_VIOLATIONS
+    return shown + (f"; and {more} more" if more > 0 else "")
 
 
 def _apply_invariants(

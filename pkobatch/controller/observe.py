@@ -20,8 +20,10 @@ from datetime import datetime
 from typing import Any
 
 from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
+from pkobatch.api.stack import load_stack_spec
+from pkobatch.config import Settings
 from pkobatch.controller.fold import job_finished
-from pkobatch.controller.plan import Observed
+from pkobatch.controller.plan import Observed, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -45,10 +47,19 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
 
 
 class Observer:
-    def __init__(self, kube: Kube, stores: Stores, poller: GitPoller) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        stores: Stores,
+        poller: GitPoller,
+        settings: Settings,
+        template: Mapping[str, Any],
+    ) -> None:
         self._kube = kube
         self._stores = stores
         self._poller = poller
+        self._settings = settings
+        self._template = template
 
     def observe(self, key: StackKey, now: datetime) -> Observed | None:
         """What ``plan`` needs about ``key``; None when the Stack does not exist."""
@@ -80,7 +91,7 @@ class Observer:
                 results[current] = live_result
 
         source = None
-        polled = poll_key(key.namespace, spec)
+        polled = poll_key(key.namespace, spec) if self._may_poll(stack) else None
         if polled is None:
             self._poller.forget(key)
         else:
@@ -102,6 +113,14 @@ class Observer:
             prerequisites=prerequisites,
             namespace_terminating=self._namespace_terminating(stack),
         )
+
+    def _may_poll(self, stack: Mapping[str, Any]) -> bool:
+        """Only a Stack that could run gets its branch polled (with its git credentials)."""
+        meta = stack.get("metadata") or {}
+        check = load_stack_spec(stack.get("spec") or {}, meta.get("namespace"))
+        if check.spec is None or not check.valid:
+            return False
+        return run_refusal(stack, check.spec, self._settings, self._template) is None
 
     def _get(self, resource: Resource, name: str, namespace: str) -> JSON | None:
         try:

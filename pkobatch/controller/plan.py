@@ -560,7 +560,13 @@ class _Planner:
                 project_info = None
         try:
             job = build_job(
-                self.obs.stack, self.spec, run, self.settings.job, self.template, project_info
+                self.obs.stack,
+                self.spec,
+                run,
+                self.settings.job,
+                self.template,
+                project_info,
+                insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
             )
         except JobBuildError as exc:
             self._stalled(STALLED_SPEC_INVALID_REASON, str(exc), EVENT_CONFIG_INVALID)
@@ -699,6 +705,10 @@ class _Planner:
             self._stalled(
                 STALLED_SPEC_INVALID_REASON, "; ".join(self.check.problems), EVENT_CONFIG_INVALID
             )
+            return
+        refusal = run_refusal(self.obs.stack, spec, self.settings, self.template)
+        if refusal is not None:
+            self._stalled(STALLED_SPEC_INVALID_REASON, refusal, EVENT_CONFIG_INVALID)
             return
         if spec.suspend:
             self._suspended()
@@ -1109,6 +1119,34 @@ _PENDING: Final = _Pending()
 @dataclass(frozen=True)
 class _SourceError:
     message: str
+
+
+# The run whose Job ``run_refusal`` builds to check a Stack (the pod does not depend on it).
+_PROBE_RUN: Final = Run(
+    operation="up", kind="sync", generation=0, reconcile_request="", commit="", trigger="check"
+)
+
+
+def run_refusal(
+    stack: Mapping[str, Any], spec: StackSpec, settings: Settings, template: Mapping[str, Any]
+) -> str | None:
+    """Why no Job of this Stack may be created (Pod Security, ServiceAccount, git transport).
+
+    Checked before the Stack waits for its source, so a Stack that can never run is Stalled
+    at once and the branch poller never sends its credentials anywhere.
+    """
+    try:
+        build_job(
+            stack,
+            spec,
+            _PROBE_RUN,
+            settings.job,
+            template,
+            insecure_http_git_hosts=settings.insecure_http_git_hosts,
+        )
+    except JobBuildError as exc:
+        return str(exc)
+    return None
 
 
 def _split_request(value: str) -> tuple[str, str]:

@@ -15,6 +15,12 @@ to Secrets. Credentials go to ``git`` through its environment (an HTTP header in
 ``GIT_CONFIG_*``, or a private key file in a private temporary directory), never its
 arguments, and errors are scrubbed of URLs' user info before they reach status or logs.
 
+Credentials never go over plain ``http://`` (``pkobatch.api.git_transport``) unless the
+operator allowed the host (``Settings.insecure_http_git_hosts``). The observer asks for the
+head of a Stack only when the Stack could run at all (valid spec, allowed pod), so a Stack
+that never runs never makes the controller send its credentials anywhere; the check here
+keeps that true for any other caller.
+
 The interval of a key is ``Settings.poll_interval``, or longer when every Stack on it set a
 longer ``spec.resyncFrequencySeconds``.
 """
@@ -37,6 +43,7 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter
 
+from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.messages import bound_message
 from pkobatch.controller.plan import SourceHead
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
@@ -234,8 +241,10 @@ class GitPoller:
         fetch: LsRemote = ls_remote,
         clock: Callable[[], float] = time.monotonic,
         max_parallel: int = MAX_PARALLEL_POLLS,
+        insecure_http_hosts: tuple[str, ...] = (),
     ) -> None:
         self._kube = kube
+        self._insecure_http_hosts = insecure_http_hosts
         self._interval = interval
         self._enqueue = enqueue
         self._fetch = fetch
@@ -328,6 +337,7 @@ class GitPoller:
         commit: str | None = None
         error = ""
         try:
+            self._check_transport(key)
             creds = self._resolve(key.credentials)
             with self._lock:
                 self.calls += 1
@@ -361,6 +371,14 @@ class GitPoller:
                 self._enqueue(stack)
 
     # -- credentials -----------------------------------------------------------------------
+
+    def _check_transport(self, key: PollKey) -> None:
+        if credentials_allowed(key.url, self._insecure_http_hosts):
+            return
+        if key.credentials is not None:
+            raise PollError(refusal_message(key.url, "the git credentials"))
+        if has_url_credentials(key.url):
+            raise PollError(refusal_message(key.url, "the user name and password in the URL"))
 
     def _resolve(self, creds: GitCredentials | None) -> _Resolved | None:
         if creds is None:

@@ -185,10 +185,11 @@ class StackReconciler:
             settings.poll_interval.total_seconds(),
             enqueuer.enqueue,
             registry=metrics.registry,
+            insecure_http_hosts=tuple(settings.insecure_http_git_hosts),
         )
         self.admission = Admission(settings.max_active_jobs, enqueuer.enqueue)
         self.dependents = Dependents()
-        self._observer = Observer(kube, stores, self.poller)
+        self._observer = Observer(kube, stores, self.poller, settings, self._template)
         self._actor = Actor(kube, EventRecorder(kube))
         self._seeded = False
 

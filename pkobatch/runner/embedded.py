@@ -26,6 +26,7 @@ from typing import Any, Final
 import yaml
 
 from pkobatch.api.constants import API_VERSION, KIND, Operation
+from pkobatch.api.git_transport import SETTING_ENV as INSECURE_HTTP_SETTING
 from pkobatch.api.run import GitAuthEnv, RunSnapshot, StackRef, ValueFromEnv
 from pkobatch.api.stack import ResourceRef, StackSpec, load_stack_spec
 
@@ -237,5 +238,9 @@ def plan_local_run(
         config_from_env=config_from_env,
         git_auth=git_auth,
         secret_env=secret_env,
+        # As in a cluster, credentials go over plain http:// only to hosts named here.
+        insecure_http_git_hosts=[
+            host.strip() for host in env.get(INSECURE_HTTP_SETTING, "").split(",") if host.strip()
+        ],
     )
     return LocalRun(snapshot, run_env, warnings)

@@ -283,6 +283,7 @@ def _fetch_source(
             commit=run.snapshot.commit or spec.commit or "",
             shallow=bool(spec.shallow),
         )
+        git.check_transport(source.url, credentials, run.snapshot.insecure_http_git_hosts)
         run.log.step(f"fetching {source.describe()}")
         helpers = private / "git-helpers"
         helpers.mkdir(mode=0o700)

@@ -12,6 +12,9 @@ Credentials never go into a URL, a command line, a log or an error message:
   checked strictly against ``$GIT_SSH_KNOWN_HOSTS`` (known_hosts content) or the system's
   known_hosts; ``PKOBATCH_GIT_SSH_INSECURE_IGNORE_HOST_KEY=true`` turns checking off.
 - All ``git`` output is passed through the run's ``Redactor`` before anyone sees it.
+- Credentials never go over plain ``http://`` unless the snapshot's
+  ``insecureHttpGitHosts`` (the operator's ``PKOBATCH_INSECURE_HTTP_GIT_HOSTS``) names the
+  host: the same rule as the controller's branch poller (``pkobatch.api.git_transport``).
 
 The fetch is ``git init`` + ``git fetch`` of exactly what the run needs (``--depth 1`` when
 ``shallow``), then a detached checkout; the SHA that ran is read back with ``rev-parse``.
@@ -22,11 +25,12 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import GitAuthEnv
 from pkobatch.api.stack import GitAuthConfig, ResourceRef
@@ -123,6 +127,21 @@ def resolve_git_credentials(
         "InvalidSpec",
         "spec.gitAuth: only accessToken, basicAuth and sshAuth are supported by the runner",
     )
+
+
+def check_transport(
+    url: str, credentials: GitCredentials | None, allowed_hosts: Sequence[str]
+) -> None:
+    """Refuse to send credentials to a plain ``http://`` host the operator did not allow."""
+    if credentials_allowed(url, allowed_hosts):
+        return
+    if has_url_credentials(url):
+        what = "the user name and password in spec.projectRepo"
+    elif credentials is not None and (credentials.username or credentials.password):
+        what = "the git credentials of spec.gitAuth"
+    else:
+        return
+    raise RunFailure("InvalidSpec", refusal_message(url, what))
 
 
 def is_ssh_url(url: str) -> bool:

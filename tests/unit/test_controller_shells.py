@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from pkobatch.config import Settings
 from pkobatch.controller.act import merge_patch
 from pkobatch.controller.events import MAX_NOTE_CHARS, event_body
+from pkobatch.controller.jobs import builtin_template
 from pkobatch.controller.plan import SourceHead
 from pkobatch.controller.polling import (
     CredentialRef,
@@ -314,7 +316,7 @@ def observer_world(current: str, jobs: list[dict[str, Any]], live: LiveReads) ->
     for job in jobs:
         stores.jobs.upsert(job)
     poller = GitPoller(None, 60.0, lambda key: None)  # type: ignore[arg-type]
-    return Observer(live, stores, poller)  # type: ignore[arg-type]
+    return Observer(live, stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
 
 
 def job_of(name: str, uid: str = "stack-uid", done: bool = False) -> dict[str, Any]:

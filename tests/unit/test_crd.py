@@ -100,12 +100,16 @@ def test_templates_are_free_form_objects() -> None:
         assert spec[name][PRESERVE] is True
         assert spec[name]["properties"]["spec"][PRESERVE] is True
     pod_template = spec["workspaceTemplate"]["properties"]["spec"]["properties"]["podTemplate"]
-    assert pod_template == {
-        "description": pod_template["description"],
-        "type": "object",
-        PRESERVE: True,
-    }
-    assert spec["jobTemplate"]["properties"]["spec"][PRESERVE] is True
+    # Free-form, except the pod-spec fields the ServiceAccount CEL rules read (CEL sees
+    # declared properties only).
+    identity = {"serviceAccountName", "serviceAccount", "automountServiceAccountToken"}
+    assert pod_template["type"] == "object" and pod_template[PRESERVE] is True
+    assert set(pod_template["properties"]) == {"spec"}
+    assert pod_template["properties"]["spec"][PRESERVE] is True
+    assert set(pod_template["properties"]["spec"]["properties"]) == identity
+    job_pod_spec = spec["jobTemplate"]["properties"]["spec"]
+    assert job_pod_spec[PRESERVE] is True
+    assert set(job_pod_spec["properties"]) == identity
     assert spec["config"]["additionalProperties"] == {PRESERVE: True}
 
 
@@ -138,7 +142,10 @@ def test_cel_rules() -> None:
     for rule in SPEC_RULES:
         field_path = rule.get("fieldPath")
         if field_path is not None:
-            assert field_path.removeprefix(".") in spec["properties"], field_path
+            node = spec
+            for step in field_path.removeprefix(".").split("."):
+                assert step in node.get("properties", {}), field_path
+                node = node["properties"][step]
 
 
 def test_names_versions_and_columns_match_pko() -> None:
