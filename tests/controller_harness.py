@@ -44,6 +44,8 @@ BASE = REPO / "deploy" / "kustomize" / "base"
 CONTROLLER_NAMESPACE = "pkobatch-system"
 CONTROLLER_SA = "pkobatch-controller"
 JSON = dict[str, Any]
+INSECURE_HTTP_GIT_HOSTS = "PKOBATCH_INSECURE_HTTP_GIT_HOSTS"
+LOOPBACK_GIT_HOST = "127.0.0.1"
 
 
 def _apply(kube: Kube, resource: Any, body: JSON, namespace: str | None = None) -> None:
@@ -109,14 +111,17 @@ class ControllerProcess:
             CONTROLLER_SA,
             self.work_dir / f"controller-{len(self.log_paths)}.kubeconfig",
         )
-        env = self.cluster.env(
-            PKOBATCH_JOB__COMMAND=f"{sys.executable},-m,pkobatch.main,job,run",
-            PKOBATCH_RETRY__BASE="1s",
-            PKOBATCH_POLL_INTERVAL="2s",
-            PKOBATCH_JOB__TERMINATION_GRACE_PERIOD="20s",
-            PKOBATCH_LOG_FORMAT="text",
-            **self.extra_env,
-        )
+        settings = {
+            "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+            "PKOBATCH_RETRY__BASE": "1s",
+            "PKOBATCH_POLL_INTERVAL": "2s",
+            "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "20s",
+            "PKOBATCH_LOG_FORMAT": "text",
+            # The tests' git server (tests/conftest.py) serves plain http on loopback; the
+            # controller sends credentials there only because of this opt-in.
+            INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
+        }
+        env = self.cluster.env(**{**settings, **self.extra_env})
         env.pop("KUBECONFIG", None)
         log_path = self.work_dir / f"controller-{len(self.log_paths)}.log"
         self.log_paths.append(log_path)

@@ -92,6 +92,8 @@ class Runner:
             "gitAuth": {"usernameEnv": "GIT_USERNAME", "passwordEnv": "GIT_PASSWORD"},
             "secretEnv": ["APP_SECRET", "PULUMI_CONFIG_PASSPHRASE"],
             "projectInfo": {"name": "pkobatch-test-files", "runtime": "python"},
+            # The tests' git server is plain http on loopback: the controller's opt-in.
+            "insecureHttpGitHosts": ["127.0.0.1"],
             **overrides,
         }
 

@@ -83,6 +83,8 @@ def runs(pulumi_env: Any, tmp_path: Path) -> Runs:
         "HOME": str(tmp_path / "home"),
         "PKOBATCH_CACHE_DIR": str(tmp_path / "cache"),
         "TMPDIR": str(tmp_path),
+        # The tests' git server is plain http on loopback: opt in, as an operator would.
+        "PKOBATCH_INSECURE_HTTP_GIT_HOSTS": "127.0.0.1",
     }
     return Runs(tmp_path, env, pulumi_env.files_dir)
 
