@@ -8,11 +8,23 @@ compliant pods (the run's own default pod, a restricted pod) pass everywhere.
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pkobatch.api.pod_security import CONTROLS, LEVELS, Level, check_pod, controls_for
+from pkobatch.api.pod_security import (
+    BASELINE_CAPABILITIES,
+    CONTROLS,
+    LEVELS,
+    RESTRICTED_VOLUME_TYPES,
+    SAFE_SYSCTLS,
+    SELINUX_TYPES,
+    Level,
+    check_pod,
+    controls_for,
+)
 
 JSON = dict[str, Any]
 
@@ -371,3 +383,13 @@ def test_malformed_values_are_not_trusted() -> None:
     assert check_pod({}, with_container(OK, privileged=1), "baseline") != []
     # Containers that are not objects are judged as empty containers, never skipped.
     assert check_pod({}, {"containers": ["junk"]}, "restricted") != []
+
+
+def test_docs_list_every_control_and_allowed_value() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    rows = re.findall(r"^\| ([^|`]+?) \| (baseline|restricted)\b", text, flags=re.MULTILINE)
+    assert set(rows) == {(c.name, c.level) for c in CONTROLS}
+    for value in (*SAFE_SYSCTLS, *BASELINE_CAPABILITIES, *RESTRICTED_VOLUME_TYPES):
+        assert f"`{value}`" in text, value
+    for kind in SELINUX_TYPES - {""}:
+        assert f"`{kind}`" in text, kind
