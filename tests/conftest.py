@@ -29,6 +29,11 @@ HTTP basic auth. It accepts two kinds of credentials:
     git_server.token                            a token: accepted as the password of any user
                                                 name, e.g. "git" as PKO's ``gitAuth.accessToken``
                                                 (and the runner) send it
+    git_server.requests                         every request received: ``GitRequest(path,
+                                                authorization)`` (whether credentials came)
+
+It is plain http on loopback, so pkobatch sends it credentials only with the opt-in
+``PKOBATCH_INSECURE_HTTP_GIT_HOSTS=127.0.0.1`` (tests/controller_harness.py sets it).
 
 ``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI.
 
@@ -291,6 +296,9 @@ class _GitHandler(BaseHTTPRequestHandler):
         return None
 
     def _serve(self) -> None:
+        self.server.requests.append(
+            GitRequest(self.path.partition("?")[0], "Authorization" in self.headers)
+        )
         user = self._authenticated_user()
         if user is None:
             self.send_response(HTTPStatus.UNAUTHORIZED)
@@ -346,6 +354,16 @@ class _GitHttpServer(ThreadingHTTPServer):
         self.username = username
         self.password = password
         self.token = token
+        self.requests: list[GitRequest] = []
+
+
+@dataclass(frozen=True)
+class GitRequest:
+    """One request the test git server received: its path, and whether it carried
+    credentials (an ``Authorization`` header)."""
+
+    path: str
+    authorization: bool
 
 
 @dataclass
@@ -355,6 +373,8 @@ class GitServer:
     password: str
     token: str
     port: int
+    # Every request received, in order (shared by all tests: filter by repository path).
+    requests: list[GitRequest]
 
     @property
     def url(self) -> str:
@@ -373,7 +393,14 @@ def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitServer]:
     server = _GitHttpServer(root, "pkobatch", secrets.token_urlsafe(12), token)
     thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
     thread.start()
-    yield GitServer(root, server.username, server.password, token, int(server.server_address[1]))
+    yield GitServer(
+        root,
+        server.username,
+        server.password,
+        token,
+        int(server.server_address[1]),
+        server.requests,
+    )
     server.shutdown()
     server.server_close()
 
