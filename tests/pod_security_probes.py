@@ -76,7 +76,8 @@ CASES: list[tuple[str, Level, JSON, JSON, str]] = [
         "privileged",
         "baseline",
         {},
-        with_container(OK, privileged=True),
+        # allowPrivilegeEscalation: false with privileged: true is not a valid pod.
+        with_container(OK, privileged=True, allowPrivilegeEscalation=True),
         "spec.containers[pulumi].securityContext.privileged",
     ),
     (
