@@ -58,6 +58,23 @@ class JobSettings(BaseModel):
     )
     # Runner command: overridden in development to run the local interpreter.
     command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
+    runner_bundle: str = Field(
+        default="/opt/pkobatch/bin/pkobatch-runner",
+        description="absolute path of the runner bundle (jobs/build-runner-bundle.sh) in the "
+        "image it is copied from: a run whose image is not `image` executes a copy of it",
+    )
+    bundle_image: str = Field(
+        default="",
+        description="image an init container copies the runner bundle from (empty: `image`; "
+        "target runner-bundle of jobs/Dockerfile is a small one)",
+    )
+
+    @field_validator("runner_bundle")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} is not an absolute path")
+        return value
 
 
 class RetrySettings(BaseModel):

@@ -19,6 +19,15 @@ change the ServiceAccount (it comes only from ``spec.serviceAccountName`` or
 ``http://`` only to hosts the operator allowed (``pkobatch.api.git_transport``). Each
 refusal is a ``JobBuildError`` naming the field, raised before any Job exists.
 
+**Any image runs pkobatch's runner.** A run whose container image (after every layer) is
+not the runner image ``Settings.job.image`` — a Stack's ``workspaceTemplate.spec.image`` or
+a ``jobTemplate`` container image, e.g. a stock ``pulumi/pulumi`` image — gets the runner
+the way PKO injects its agent: an init container from the runner image copies the runner
+bundle (a self-contained executable, ``Settings.job.runner_bundle``) into an ``emptyDir``,
+and the run container, in the user's image that brings the Pulumi CLI and the language
+runtimes, executes that copy. This is decided last, on the final image, so no layer can
+leave a run without a runner.
+
 Secrets never pass through here as values: every credential becomes a ``secretKeyRef`` or
 ``envFrom.secretRef`` resolved by the kubelet, and the snapshot names the environment
 variables that hold them. References are ``optional`` so a missing Secret or ConfigMap
@@ -87,6 +96,20 @@ ENV_GIT_SSH_PRIVATE_KEY: Final = "PKOBATCH_GIT_SSH_PRIVATE_KEY"
 ENV_GIT_SSH_PASSPHRASE: Final = "PKOBATCH_GIT_SSH_PASSPHRASE"
 # Read by the runner (pkobatch.runner.cancel) to pace a clean Pulumi cancellation.
 ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
+
+# The runner bundle injected into runs whose image is not the runner image.
+BUNDLE_VOLUME: Final = "pkobatch-runner"
+BUNDLE_MOUNT_PATH: Final = "/pkobatch"
+INJECTED_RUNNER: Final = f"{BUNDLE_MOUNT_PATH}/pkobatch-runner"
+BUNDLE_INIT_CONTAINER: Final = "pkobatch-runner"
+JOB_RUN_ARGS: Final = ("job", "run")
+# Pod Security Standard "restricted", whatever the template says.
+RESTRICTED_SECURITY_CONTEXT: Final[JSON] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 RunKind = Literal["sync", "request", "drift"]
 """Why a run exists: the Stack's normal operation, a CLI operation request, a drift check."""
@@ -494,7 +517,7 @@ def build_job(
             "insecure_http_git_hosts": list(insecure_http_git_hosts),
         }
     )
-    runner["command"] = list(settings.command)
+    runner["command"] = _runner_command(pod_template["spec"], runner, settings)
     runner["args"] = [SNAPSHOT_FLAG, snapshot.model_dump_json(by_alias=True, exclude_none=True)]
     # The runner's cancellation budget is the grace period the pod really gets.
     grace = pod_template["spec"].get("terminationGracePeriodSeconds")
@@ -572,6 +595,39 @@ def _quote(violations: list[Violation]) -> str:
     shown = "; ".join(f"pod {v}" for v in violations[:MAX_REPORTED_VIOLATIONS])
     more = len(violations) - MAX_REPORTED_VIOLATIONS
     return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def _with_named(items: list[JSON] | None, item: JSON, *, first: bool = False) -> list[JSON]:
+    """``items`` with ``item`` in place of the one of the same name, else added."""
+    others = [i for i in items or [] if i.get("name") != item["name"]]
+    return [item, *others] if first else [*others, item]
+
+
+def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list[str]:
+    """The run container's command. In the runner image it is ``settings.command``; in any
+    other image it is the runner bundle, which an init container from the runner image
+    copies into an ``emptyDir`` shared with the run container (added to ``pod_spec`` and
+    ``runner`` here). The init container gets the run container's resources, so the pod's
+    effective request does not grow and a quota that requires requests admits it."""
+    if runner.get("image") == settings.image:
+        return list(settings.command)
+    mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT_PATH}
+    init: JSON = {
+        "name": BUNDLE_INIT_CONTAINER,
+        "image": settings.bundle_image or settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["cp", settings.runner_bundle, INJECTED_RUNNER],
+        "volumeMounts": [mount],
+        "securityContext": copy.deepcopy(RESTRICTED_SECURITY_CONTEXT),
+    }
+    if runner.get("resources"):
+        init["resources"] = copy.deepcopy(runner["resources"])
+    pod_spec["initContainers"] = _with_named(pod_spec.get("initContainers"), init, first=True)
+    pod_spec["volumes"] = _with_named(
+        pod_spec.get("volumes"), {"name": BUNDLE_VOLUME, "emptyDir": {}}
+    )
+    runner["volumeMounts"] = _with_named(runner.get("volumeMounts"), {**mount, "readOnly": True})
+    return [INJECTED_RUNNER, *JOB_RUN_ARGS]
 
 
 def _apply_invariants(

@@ -13,6 +13,7 @@ from pkobatch.api.run import ProjectInfo, RunSnapshot
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import JobSettings, Settings
 from pkobatch.controller.jobs import (
+    INJECTED_RUNNER,
     RUN_ANNOTATION,
     JobBuildError,
     Run,
@@ -383,11 +384,11 @@ def test_workspace_template_is_mapped_onto_the_job() -> None:
     assert runner["resources"] == {"requests": {"cpu": "2"}}
     assert {"EXTRA", "FROM_POD"} <= set(env(job))
     assert {"secretRef": {"name": "more"}} in runner["envFrom"]
-    assert runner["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
+    assert runner["volumeMounts"][0] == {"name": "cache", "mountPath": "/cache"}
     assert runner["securityContext"]["allowPrivilegeEscalation"] is False  # template kept
     assert pod["spec"]["serviceAccountName"] == "deployer"
     assert pod["spec"]["nodeSelector"] == {"pool": "pulumi"}
-    assert pod["spec"]["volumes"] == [{"name": "cache", "emptyDir": {}}]
+    assert {"name": "cache", "emptyDir": {}} in pod["spec"]["volumes"]
     assert pod["metadata"]["labels"]["team"] == "infra"
     assert pod["metadata"]["annotations"]["a"] == "b"
     assert "ignored" not in job["metadata"].get("labels", {})
@@ -440,6 +441,138 @@ def test_settings_command_and_image() -> None:
     job = build({}, settings)
     assert container(job)["image"] == "me/runner:dev"
     assert container(job)["command"] == ["python", "-m", "pkobatch.main", "job", "run"]
+
+
+# ---------------------------------------------------------------------------------------
+# Any image: the injected runner bundle
+# ---------------------------------------------------------------------------------------
+
+PULUMI_IMAGE = "pulumi/pulumi:3.134.1-nonroot"
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def pod_spec(job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = job["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_runner_image_runs_pkobatch_itself() -> None:
+    settings = JobSettings(image="pkobatch/runner:1")
+    for spec in ({}, {"workspaceTemplate": {"spec": {"image": "pkobatch/runner:1"}}}):
+        job = build(spec, settings)
+        assert container(job)["image"] == "pkobatch/runner:1"
+        assert container(job)["command"] == ["pkobatch", "job", "run"]
+        assert "initContainers" not in pod_spec(job)
+        assert "volumes" not in pod_spec(job)
+        assert "volumeMounts" not in container(job)
+
+
+def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
+    settings = JobSettings(image="pkobatch/runner:1", image_pull_policy="Always")
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "image": PULUMI_IMAGE,
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+                }
+            }
+        },
+        settings,
+    )
+    runner = container(job)
+    assert runner["image"] == PULUMI_IMAGE
+    assert runner["command"] == [INJECTED_RUNNER, "job", "run"]
+    assert snapshot(job).operation == "up"  # the arguments are unchanged
+    assert runner["volumeMounts"] == [
+        {"name": "pkobatch-runner", "mountPath": "/pkobatch", "readOnly": True}
+    ]
+    assert INJECTED_RUNNER.startswith("/pkobatch/")
+    assert pod_spec(job)["volumes"] == [{"name": "pkobatch-runner", "emptyDir": {}}]
+    [init] = pod_spec(job)["initContainers"]
+    assert init == {
+        "name": "pkobatch-runner",
+        "image": "pkobatch/runner:1",
+        "imagePullPolicy": "Always",
+        "command": ["cp", "/opt/pkobatch/bin/pkobatch-runner", INJECTED_RUNNER],
+        "volumeMounts": [{"name": "pkobatch-runner", "mountPath": "/pkobatch"}],
+        "securityContext": RESTRICTED,
+        "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+    }
+
+
+def test_the_init_container_is_restricted_whatever_the_template_says() -> None:
+    template = builtin_template()
+    del template["spec"]["template"]["spec"]["securityContext"]
+    job = build_job(
+        stack(),
+        StackSpec.model_validate(
+            {"stack": "dev", "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}}}
+        ),
+        RUN,
+        JobSettings(),
+        template,
+    )
+    assert pod_spec(job)["initContainers"][0]["securityContext"] == RESTRICTED
+
+
+def test_job_template_image_changes_decide_the_injection() -> None:
+    settings = JobSettings(image="pkobatch/runner:1")
+    changed = build(
+        {"jobTemplate": {"spec": {"containers": [{"name": "pulumi", "image": PULUMI_IMAGE}]}}},
+        settings,
+    )
+    assert container(changed)["image"] == PULUMI_IMAGE
+    assert container(changed)["command"] == [INJECTED_RUNNER, "job", "run"]
+    assert [c["name"] for c in pod_spec(changed)["initContainers"]] == ["pkobatch-runner"]
+    back = build(
+        {
+            "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}},
+            "jobTemplate": {
+                "spec": {"containers": [{"name": "pulumi", "image": "pkobatch/runner:1"}]}
+            },
+        },
+        settings,
+    )
+    assert container(back)["command"] == ["pkobatch", "job", "run"]
+    assert "initContainers" not in pod_spec(back)
+
+
+def test_the_stacks_own_init_containers_and_volumes_are_kept() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}},
+            "jobTemplate": {
+                "spec": {
+                    "initContainers": [{"name": "warm-cache", "image": "busybox"}],
+                    "volumes": [{"name": "cache", "emptyDir": {}}],
+                    "containers": [
+                        {"name": "pulumi", "volumeMounts": [{"name": "cache", "mountPath": "/c"}]}
+                    ],
+                }
+            },
+        }
+    )
+    assert [c["name"] for c in pod_spec(job)["initContainers"]] == ["pkobatch-runner", "warm-cache"]
+    assert [v["name"] for v in pod_spec(job)["volumes"]] == ["cache", "pkobatch-runner"]
+    assert [m["name"] for m in container(job)["volumeMounts"]] == ["cache", "pkobatch-runner"]
+
+
+def test_bundle_settings() -> None:
+    settings = Settings(
+        job={"bundle_image": "pkobatch/runner-bundle:1", "runner_bundle": "/bundle/runner"}
+    ).job
+    job = build({"workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}}}, settings)
+    [init] = pod_spec(job)["initContainers"]
+    assert init["image"] == "pkobatch/runner-bundle:1"
+    assert init["command"] == ["cp", "/bundle/runner", INJECTED_RUNNER]
+    with pytest.raises(ValueError, match="not an absolute path"):
+        Settings(job={"runner_bundle": "bin/runner"})
 
 
 # ---------------------------------------------------------------------------------------
