@@ -103,6 +103,10 @@ BUNDLE_MOUNT_PATH: Final = "/pkobatch"
 INJECTED_RUNNER: Final = f"{BUNDLE_MOUNT_PATH}/pkobatch-runner"
 BUNDLE_INIT_CONTAINER: Final = "pkobatch-runner"
 JOB_RUN_ARGS: Final = ("job", "run")
+# The user PKO runs workspace pods as (its "restricted" security profile): stock images such
+# as pulumi/pulumi:<version>-nonroot name their user ("pulumi"), which runAsNonRoot cannot
+# verify without a numeric runAsUser.
+PKO_RUN_AS_USER: Final = 1000
 # Pod Security Standard "restricted", whatever the template says.
 RESTRICTED_SECURITY_CONTEXT: Final[JSON] = {
     "runAsNonRoot": True,
@@ -608,7 +612,8 @@ def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list
     other image it is the runner bundle, which an init container from the runner image
     copies into an ``emptyDir`` shared with the run container (added to ``pod_spec`` and
     ``runner`` here). The init container gets the run container's resources, so the pod's
-    effective request does not grow and a quota that requires requests admits it."""
+    effective request does not grow and a quota that requires requests admits it. Unless a
+    template names a user, the run container runs as PKO runs workspace pods (uid/gid 1000)."""
     if runner.get("image") == settings.image:
         return list(settings.command)
     mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT_PATH}
@@ -627,6 +632,12 @@ def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list
         pod_spec.get("volumes"), {"name": BUNDLE_VOLUME, "emptyDir": {}}
     )
     runner["volumeMounts"] = _with_named(runner.get("volumeMounts"), {**mount, "readOnly": True})
+    pod_context = pod_spec.get("securityContext") or {}
+    context = runner.setdefault("securityContext", {})
+    if "runAsUser" not in pod_context and "runAsUser" not in context:
+        context["runAsUser"] = PKO_RUN_AS_USER
+        if "runAsGroup" not in pod_context:
+            context.setdefault("runAsGroup", PKO_RUN_AS_USER)
     return [INJECTED_RUNNER, *JOB_RUN_ARGS]
 
 

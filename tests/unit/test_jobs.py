@@ -493,6 +493,10 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
         {"name": "pkobatch-runner", "mountPath": "/pkobatch", "readOnly": True}
     ]
     assert INJECTED_RUNNER.startswith("/pkobatch/")
+    # As PKO runs workspace pods: the stock image's user "pulumi" is not numeric.
+    assert runner["securityContext"]["runAsUser"] == 1000
+    assert runner["securityContext"]["runAsGroup"] == 1000
+    assert runner["securityContext"]["allowPrivilegeEscalation"] is False  # template kept
     assert pod_spec(job)["volumes"] == [{"name": "pkobatch-runner", "emptyDir": {}}]
     [init] = pod_spec(job)["initContainers"]
     assert init == {
@@ -561,6 +565,36 @@ def test_the_stacks_own_init_containers_and_volumes_are_kept() -> None:
     assert [c["name"] for c in pod_spec(job)["initContainers"]] == ["pkobatch-runner", "warm-cache"]
     assert [v["name"] for v in pod_spec(job)["volumes"]] == ["cache", "pkobatch-runner"]
     assert [m["name"] for m in container(job)["volumeMounts"]] == ["cache", "pkobatch-runner"]
+
+
+def test_a_user_named_by_a_template_is_kept() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}},
+            "jobTemplate": {"spec": {"securityContext": {"runAsUser": 2000}}},
+        }
+    )
+    assert "runAsUser" not in container(job)["securityContext"]
+    assert "runAsGroup" not in container(job)["securityContext"]
+    assert pod_spec(job)["securityContext"]["runAsUser"] == 2000
+    own = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "image": PULUMI_IMAGE,
+                    "podTemplate": {
+                        "spec": {
+                            "containers": [
+                                {"name": "pulumi", "securityContext": {"runAsUser": 3000}}
+                            ]
+                        }
+                    },
+                }
+            }
+        }
+    )
+    assert container(own)["securityContext"]["runAsUser"] == 3000
+    assert "runAsGroup" not in container(own)["securityContext"]
 
 
 def test_bundle_settings() -> None:
