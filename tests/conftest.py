@@ -15,7 +15,8 @@ controller's pods as local processes, with ``crds/`` installed.
                                    agent serves as a kubelet does (pkobatch.kube.logs)
     cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
                                    ``tools.pulumi`` is None when Pulumi is not built
-    cluster.agent           NodeAgent
+    cluster.agent           NodeAgent; pods of image ``PULUMI_IMAGE`` (a stock Pulumi image)
+                                   get the Pulumi bin dir on PATH but not this interpreter's
     cluster.service_account_kubeconfig(namespace, name, path) -> Path
                                    kubeconfig with a real TokenRequest token for that SA
     cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
@@ -100,6 +101,8 @@ from pkobatch.kube.logs import ApiPodLogs
 PROGRAMS = Path(__file__).parent / "fixtures" / "programs"
 BASE_PROGRAM = "files"
 RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
+# The image PKO's examples run: the Pulumi CLI and language hosts, no pkobatch.
+PULUMI_IMAGE = "pulumi/pulumi:3.134.1-nonroot"
 
 
 def in_ci() -> bool:
@@ -180,12 +183,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     control_plane = ControlPlane(state, tools, crds_dir=default_crds_dir())
     control_plane.start()
     kube = control_plane.admin()
+    pulumi_path = [str(tools.pulumi)] if tools.pulumi else []
     agent = NodeAgent(
         kube,
         server=control_plane.server,
         ca_pem=control_plane.ca_file.read_bytes(),
         state_dir=state,
-        path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
+        path_prefix=pulumi_path,
+        image_paths={PULUMI_IMAGE: pulumi_path},
         max_running=8,
         kubelet_tls=control_plane.kubelet_tls,
     )

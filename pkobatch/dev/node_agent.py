@@ -17,7 +17,23 @@ What it does like a kubelet:
 
 - the environment is the pod's, resolved (``podenv``); container images are ignored, the
   process runs with the current interpreter's environment: ``path_prefix`` (the Pulumi bin
-  dir) first on ``PATH``, then the interpreter's bin dir; HOME and TMPDIR are per pod;
+  dir) first on ``PATH``, then the interpreter's bin dir; HOME and TMPDIR are per pod. An
+  image listed in ``image_paths`` stands for an image that does not carry pkobatch (e.g. a
+  stock ``pulumi/pulumi``): its containers get exactly the listed directories and the
+  system ones on ``PATH``, without the interpreter's bin dir;
+- init containers run one after another before the main container; one that fails fails
+  the pod (phase Failed, its status under ``initContainerStatuses``), as with a kubelet;
+- ``emptyDir`` volumes are real directories, one per pod and volume, under the pod's
+  directory, seen at their ``mountPath`` by **path translation**: a command or argument,
+  an ``env`` value or the ``workingDir`` that is a ``mountPath`` or starts with
+  ``<mountPath>/`` is rewritten to the volume's directory (honouring ``subPath``). Chosen
+  over a private mount namespace with bind mounts because it needs no privileges (the agent
+  also runs under ``pkobatch dev`` as an ordinary user), no ``unshare``/``mount`` binaries,
+  no mount point created on the host for each ``mountPath``, and no work between ``fork``
+  and ``exec`` in a multi-threaded process. Its limit: a path the process builds itself (not
+  from its command line or environment) is not translated, and a host path that happens
+  to start with a ``mountPath`` is translated too. Volumes of other kinds are not
+  provided;
 - ``KUBECONFIG`` points at a private file holding a real token for the pod's
   ServiceAccount (TokenRequest, bound to the pod), so RBAC is enforced on the process;
 - status goes through ``pods/status``: Running with a running container status, then
@@ -54,6 +70,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -95,6 +112,17 @@ def _now() -> str:
 def _exit_code(returncode: int) -> int:
     # A process killed by signal N exits 128+N in a container.
     return 128 - returncode if returncode < 0 else returncode
+
+
+def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
+    """``value`` with a leading ``mountPath`` replaced by its host directory; ``mounts`` is
+    longest ``mountPath`` first, so nested mounts win."""
+    for mount_path, host in mounts:
+        if value == mount_path:
+            return str(host)
+        if value.startswith(mount_path.rstrip("/") + "/"):
+            return str(host / value[len(mount_path.rstrip("/")) + 1 :])
+    return value
 
 
 def log_tail(path: Path) -> str:
@@ -298,6 +326,8 @@ class _PodWorker:
         shutil.rmtree(self.pod_dir, ignore_errors=True)
         for sub in ("home", "tmp", "work"):
             (self.pod_dir / sub).mkdir(parents=True, mode=0o700)
+        for volume in self._empty_dirs():
+            (self.pod_dir / "volumes" / volume).mkdir(parents=True, mode=0o700)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_bytes(b"")
 
@@ -312,20 +342,45 @@ class _PodWorker:
             self.cancelled.wait(_RETRY_CONFIG_SECONDS)
         return None
 
+    def _empty_dirs(self) -> list[str]:
+        volumes = self.pod["spec"].get("volumes") or []
+        return [v["name"] for v in volumes if "emptyDir" in v]
+
+    def _mounts(self, container: JSON) -> list[tuple[str, Path]]:
+        """The container's ``emptyDir`` mounts as (mountPath, host directory), longest
+        mountPath first."""
+        empty_dirs = set(self._empty_dirs())
+        mounts: list[tuple[str, Path]] = []
+        for mount in container.get("volumeMounts") or []:
+            if mount.get("name") not in empty_dirs:
+                continue
+            host = self.pod_dir / "volumes" / mount["name"]
+            if mount.get("subPath"):
+                host = host / mount["subPath"]
+                host.mkdir(parents=True, exist_ok=True)
+            mounts.append((mount["mountPath"], host))
+        return sorted(mounts, key=lambda item: len(item[0]), reverse=True)
+
     def _container_config(self, container: JSON) -> tuple[list[str], dict[str, str], str]:
-        pod_env = resolve_env(self.agent.kube, self.pod, container)
-        env = self.agent.base_env(self.pod_dir, self.name)
+        mounts = self._mounts(container)
+        pod_env = {
+            name: translate(value, mounts)
+            for name, value in resolve_env(self.agent.kube, self.pod, container).items()
+        }
+        env = self.agent.base_env(self.pod_dir, self.name, container.get("image", ""))
         token_file = self._write_service_account_kubeconfig()
         if token_file is not None:
             env["KUBECONFIG"] = str(token_file)
         env.update(pod_env)
-        command = [expand(part, env) for part in container.get("command") or []]
-        args = [expand(part, env) for part in container.get("args") or []]
+        command = [translate(expand(part, env), mounts) for part in container.get("command") or []]
+        args = [translate(expand(part, env), mounts) for part in container.get("args") or []]
         if not command:
             raise CreateContainerConfigError(
                 "container has no command: the node agent runs processes, not images"
             )
-        working_dir = container.get("workingDir") or str(self.pod_dir / "work")
+        working_dir = translate(container.get("workingDir") or "", mounts) or str(
+            self.pod_dir / "work"
+        )
         if not Path(working_dir).is_dir():
             raise CreateContainerConfigError(
                 f"workingDir {working_dir!r} does not exist on this host (the node agent runs "
@@ -582,6 +637,7 @@ class NodeAgent:
         ca_pem: bytes,
         state_dir: Path,
         path_prefix: list[str] | None = None,
+        image_paths: Mapping[str, Sequence[str]] | None = None,
         max_running: int = 4,
         shutdown_grace: float = 5.0,
         node_name: str = DEFAULT_NODE_NAME,
@@ -593,6 +649,7 @@ class NodeAgent:
         self.ca_pem = ca_pem
         self.state_dir = state_dir.resolve()
         self.path_prefix = list(path_prefix or [])
+        self.image_paths = {image: list(dirs) for image, dirs in (image_paths or {}).items()}
         self.slots = _Slots(max_running)
         self.shutdown_grace = shutdown_grace
         self._workers: dict[str, _PodWorker] = {}
@@ -616,11 +673,16 @@ class NodeAgent:
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
 
-    def base_env(self, pod_dir: Path, pod_name: str) -> dict[str, str]:
+    def base_env(self, pod_dir: Path, pod_name: str, image: str = "") -> dict[str, str]:
         """What the image would provide: PATH, locale, HOME; nothing of the agent's own
-        environment leaks into a pod."""
+        environment leaks into a pod. An image of ``image_paths`` brings only its listed
+        directories, not this interpreter (pkobatch)."""
         system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        path = [*self.path_prefix, str(Path(sys.executable).parent), system_path]
+        image_dirs = self.image_paths.get(image)
+        if image_dirs is not None:
+            path = [*image_dirs, system_path]
+        else:
+            path = [*self.path_prefix, str(Path(sys.executable).parent), system_path]
         return {
             "PATH": os.pathsep.join(path),
             "HOME": str(pod_dir / "home"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PULUMI_IMAGE
 
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.processes import wait_until
@@ -226,6 +227,98 @@ def test_a_pod_ends_with_its_whole_process_tree_and_runs_under_its_own_hostname(
     )
     if os.geteuid() == 0:  # a UTS namespace of the pod's own needs root
         assert hostname == pod["metadata"]["name"]
+
+
+# Runs in each container: appends its argv[1] as a line to the file argv[2].
+APPEND = "import sys; f = open(sys.argv[2], 'a'); f.write(sys.argv[1] + '\\n'); f.close()"
+
+
+def test_init_containers_run_in_order_and_share_empty_dirs(
+    kube: Kube, namespace: str, cluster: Any, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    report = (
+        "import os, sys; path = os.environ['SHARED_FILE']; "
+        "print(repr(open(path).read()), os.path.realpath(path), os.getcwd())"
+    )
+    manifest = python_job(
+        "init",
+        report,
+        env=[{"name": "SHARED_FILE", "value": "/shared/order"}],
+        container={
+            "volumeMounts": [
+                {"name": "shared", "mountPath": "/shared"},
+                {"name": "scratch", "mountPath": "/shared/work", "subPath": "w"},
+            ],
+            "workingDir": "/shared/work",
+        },
+    )
+    pod_spec = manifest["spec"]["template"]["spec"]
+    pod_spec["volumes"] = [{"name": "shared", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}]
+    mount = [{"name": "shared", "mountPath": "/shared"}]
+    pod_spec["initContainers"] = [
+        {
+            "name": f"init-{n}",
+            "image": "python:3.11",
+            "command": [sys.executable, "-c", APPEND, n, "/shared/order"],
+            "volumeMounts": mount,
+        }
+        for n in ("one", "two")
+    ]
+    kube.create(JOBS, manifest, namespace)
+
+    kind, _, _ = wait_job(namespace, "init")
+
+    (pod,) = job_pods(namespace, "init")
+    log = (cluster.log_dir / namespace / f"{pod['metadata']['name']}.log").read_text()
+    assert kind == "Complete", log
+    content, real_path, cwd = log.splitlines()[-1].rsplit(" ", 2)
+    assert content == repr("one\ntwo\n")
+    # Real per-pod directories, not /shared on this host.
+    pod_dir = cluster.agent.state_dir / "pods" / namespace / pod["metadata"]["name"]
+    assert real_path == str(pod_dir / "volumes" / "shared" / "order")
+    assert cwd == str(pod_dir / "volumes" / "scratch" / "w")
+    assert not Path("/shared").exists()
+
+
+def test_a_failing_init_container_fails_the_pod(
+    kube: Kube, namespace: str, tmp_path: Path, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    marker = tmp_path / "main-ran"
+    manifest = python_job("init-fails", f"open({str(marker)!r}, 'w').close()")
+    manifest["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": "ok", "image": "x", "command": [sys.executable, "-c", "pass"]},
+        {"name": "broken", "image": "x", "command": [sys.executable, "-c", "raise SystemExit(4)"]},
+        {"name": "never", "image": "x", "command": [sys.executable, "-c", "raise SystemExit(9)"]},
+    ]
+    kube.create(JOBS, manifest, namespace)
+
+    kind, reason, _ = wait_job(namespace, "init-fails")
+
+    assert (kind, reason) == ("Failed", "BackoffLimitExceeded")
+    (pod,) = job_pods(namespace, "init-fails")
+    assert pod["status"]["phase"] == "Failed"
+    (status,) = pod["status"]["initContainerStatuses"]
+    assert status["name"] == "broken"
+    assert status["state"]["terminated"]["exitCode"] == 4
+    assert not marker.exists()
+
+
+def test_an_image_without_pkobatch_gets_no_virtualenv_on_path(
+    kube: Kube, namespace: str, cluster: Any, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    code = "import os; print(os.environ['PATH'])"
+    kube.create(JOBS, python_job("stock", code, container={"image": PULUMI_IMAGE}), namespace)
+    kube.create(JOBS, python_job("runner", code), namespace)
+    paths = {}
+    for name in ("stock", "runner"):
+        assert wait_job(namespace, name)[0] == "Complete"
+        (pod,) = job_pods(namespace, name)
+        log = cluster.log_dir / namespace / f"{pod['metadata']['name']}.log"
+        paths[name] = log.read_text().strip().split(os.pathsep)
+    interpreter_dir = str(Path(sys.executable).parent)
+    assert interpreter_dir in paths["runner"]
+    assert interpreter_dir not in paths["stock"]
+    assert paths["stock"][: len(cluster.agent.path_prefix)] == cluster.agent.path_prefix
 
 
 def test_environment_is_resolved_like_the_kubelet(
