@@ -15,8 +15,9 @@ controller's pods as local processes, with ``crds/`` installed.
                                    agent serves as a kubelet does (pkobatch.kube.logs)
     cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
                                    ``tools.pulumi`` is None when Pulumi is not built
-    cluster.agent           NodeAgent; pods of image ``PULUMI_IMAGE`` (a stock Pulumi image)
-                                   get the Pulumi bin dir on PATH but not this interpreter's
+    cluster.agent           NodeAgent
+    cluster.pulumi_image    str    a stock Pulumi image (the CLI, no pkobatch): its pods get
+                                   the Pulumi bin dir on PATH but not this interpreter's
     cluster.service_account_kubeconfig(namespace, name, path) -> Path
                                    kubeconfig with a real TokenRequest token for that SA
     cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
@@ -129,6 +130,7 @@ class Cluster:
     kube: Kube
     tools: Tools
     _clients: list[Kube] = field(default_factory=list)
+    pulumi_image: str = PULUMI_IMAGE
 
     @property
     def kubeconfig(self) -> Path:

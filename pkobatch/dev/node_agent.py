@@ -40,7 +40,10 @@ What it does like a kubelet:
   Succeeded/Failed with the exit code, reason ``Completed``/``Error`` and, for
   ``terminationMessagePolicy: FallbackToLogsOnError``, the last lines of output as message;
 - a pod that gets a deletionTimestamp (Job deadline, Job deletion, the GC) has its process
-  group sent SIGTERM, then SIGKILL after the deletion's grace period; it is reported Failed
+  sent SIGTERM — only the container's first process, as a container runtime does: a
+  launcher such as the runner bundle's PyInstaller bootloader forwards it to its child, which
+  a signal to the whole group would reach twice — then its process group SIGKILL after the
+  deletion's grace period; it is reported Failed
   (so the Job controller can account for it and drop its tracking finalizer) and then
   deleted with grace 0, which removes the object;
 - ``stop()`` is a graceful node shutdown: processes get SIGTERM (at most ``shutdown_grace``
@@ -449,13 +452,14 @@ class _PodWorker:
 
     def _wait(self, process: subprocess.Popen[bytes]) -> int:
         """Wait for the process to end; once the pod is deleted (or the agent stops) SIGTERM
-        its group and SIGKILL it after the grace period, which a later, shorter deletion or
+        it and SIGKILL its group after the grace period, which a later, shorter deletion or
         the agent's stop can cut short. The return code."""
         terminated_at: float | None = None
         while process.poll() is None:
             if self.cancelled.is_set():
                 if terminated_at is None:
-                    processes.signal_group(process, signal.SIGTERM)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signal.SIGTERM)
                     terminated_at = time.monotonic()
                 grace = self.grace
                 if self.shutdown.is_set():

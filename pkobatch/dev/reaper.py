@@ -8,8 +8,11 @@ give the kubelet, for a process that runs on the host.
   dynamic provider did outlive its pod), stays its descendant, so it can always find them;
 - when COMMAND ends, SIGKILLs every process left, as a container's end does, and exits with
   COMMAND's code (128+N for a signal N);
-- ignores SIGTERM/SIGINT itself (the node agent signals the process group; COMMAND decides),
-  and when its parent (the node agent) dies it kills the whole tree first;
+- passes SIGTERM, SIGINT and SIGHUP on to COMMAND alone, as a container runtime signals a
+  container's first process and not its tree (a launcher such as the runner bundle's
+  PyInstaller bootloader forwards a signal to its own child, which a signal to the whole
+  process group would reach twice), and when its parent (the node agent) dies it kills the
+  whole tree first;
 - with ``--hostname``, runs everything in a UTS namespace of its own whose hostname is NAME,
   as a pod's hostname is its name (as root, or in a user namespace of its own where the
   kernel allows that; otherwise the host's name stays — HOSTNAME in the environment is set
@@ -77,14 +80,22 @@ def run(command: list[str], hostname: str | None) -> int:
         return 137
     if hostname:
         _own_hostname(libc, hostname)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, frame: object) -> None:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: handlers are reset by exec, ignored signals are inherited.
-        signal.signal(sig, lambda signum, frame: None)
+        signal.signal(sig, forward)
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
         print(f"cannot start {command[0]}: {exc}", file=sys.stderr, flush=True)
         return 128
+    started.append(child)
     code = 137
     try:
         while True:

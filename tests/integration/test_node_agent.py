@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PULUMI_IMAGE
 
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.processes import wait_until
@@ -307,7 +306,9 @@ def test_an_image_without_pkobatch_gets_no_virtualenv_on_path(
     kube: Kube, namespace: str, cluster: Any, python_job: Any, wait_job: Any, job_pods: Any
 ) -> None:
     code = "import os; print(os.environ['PATH'])"
-    kube.create(JOBS, python_job("stock", code, container={"image": PULUMI_IMAGE}), namespace)
+    kube.create(
+        JOBS, python_job("stock", code, container={"image": cluster.pulumi_image}), namespace
+    )
     kube.create(JOBS, python_job("runner", code), namespace)
     paths = {}
     for name in ("stock", "runner"):
