@@ -8,6 +8,8 @@ say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 missing=()
 for tool in git openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+# PyInstaller (the runner bundle, built by the e2e tests) needs objdump.
+command -v objdump >/dev/null || missing+=(binutils)
 command -v go >/dev/null || missing+=(golang-go)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"

@@ -55,7 +55,9 @@ What it does like a kubelet:
   served;
 - output goes to ``<state>/logs/<namespace>/<pod>.log``, which it serves to the API server
   as a kubelet does (``pods/log``; ``pkobatch.dev.container_logs``) when given its TLS
-  material: it registers its Node with its address and kubelet port for that.
+  material: it registers its Node with its address and kubelet port for that;
+- ``launches()`` tells what the recent containers were started as (argv and ``PATH``, no
+  other variable: values may be secrets), for tests that check what really ran.
 
 Pods waiting for a slot stay unbound, like pods no scheduler has placed yet.
 """
@@ -106,6 +108,7 @@ _TERMINAL: Final = ("Succeeded", "Failed")
 DEFAULT_NODE_NAME: Final = "pkobatch-dev"
 # What the kubelet's graceful node shutdown writes on the pods it kills.
 _SHUTDOWN_MESSAGE: Final = "The node agent stopped; the pod's processes were stopped."
+_LAUNCHES_KEPT: Final = 1000
 
 
 def _now() -> str:
@@ -141,6 +144,17 @@ def log_tail(path: Path) -> str:
     lines = data.decode("utf-8", "replace").splitlines()[-_MESSAGE_LINES:]
     text = "\n".join(lines)
     return text[-_MESSAGE_BYTES:]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One container process the agent started, as started: host paths, resolved."""
+
+    namespace: str
+    pod: str
+    container: str
+    argv: tuple[str, ...]
+    path: str
 
 
 @dataclass
@@ -438,6 +452,9 @@ class _PodWorker:
                 self.process = processes.spawn(
                     self._in_reaper(argv), log=log_file, env=env, cwd=working_dir
                 )
+            self.agent.record(
+                Launch(self.namespace, self.name, container["name"], tuple(argv), env["PATH"])
+            )
         except OSError as exc:
             self._report_terminal(container, 128, f"cannot start {argv[0]}: {exc}", started=None)
             return 128
@@ -662,6 +679,7 @@ class NodeAgent:
         self._stream: Any = None
         self._thread = threading.Thread(target=self._watch_loop, name="node-agent", daemon=True)
         self._synced = threading.Event()
+        self._launches: deque[Launch] = deque(maxlen=_LAUNCHES_KEPT)
         self._log_server = (
             ContainerLogServer(
                 self._container_log,
@@ -769,6 +787,15 @@ class NodeAgent:
         self._thread.join(timeout=10)
         if self._log_server is not None:
             self._log_server.stop()
+
+    def record(self, launch: Launch) -> None:
+        with self.lock:
+            self._launches.append(launch)
+
+    def launches(self, namespace: str) -> list[Launch]:
+        """The recent container starts in ``namespace``, oldest first."""
+        with self.lock:
+            return [launch for launch in self._launches if launch.namespace == namespace]
 
     def running(self) -> list[str]:
         """``namespace/name`` of the pods whose process runs now."""
