@@ -117,6 +117,9 @@ class RunResult(_Model):
     permalink: str = ""
     pulumi_version: str = Field(default="", alias="pulumiVersion")
     project_info: ProjectInfo | None = Field(default=None, alias="projectInfo")
+    # What executed the program: "pulumi-language-<runtime>", or "inline-python" when a
+    # Python program ran in the runner's interpreter ("" for a destroy from state).
+    language_host: str = Field(default="", alias="languageHost")
     truncated: bool = False
 
     def to_json(self) -> str:

@@ -47,9 +47,19 @@ from pkobatch.runner.log import RunLog, scrubbed_output
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
 from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
+from pkobatch.runner.runtimes import (
+    INSTALL_ARGS,
+    INSTALL_TIMEOUT_SECONDS,
+    ProgramHost,
+    cache_environment,
+    choose_program_host,
+    is_frozen,
+    pulumi_home,
+    search_path,
+)
 from pkobatch.runner.stack_config import collect_config, config_json, secret_values
 from pkobatch.runner.workspace import (
-    PIP_TIMEOUT_SECONDS,
+    CACHE_DIR_ENV,
     Project,
     cache_dir_from,
     copy_program,
@@ -109,6 +119,7 @@ class _Run:
     commit: str = ""
     project_info: ProjectInfo | None = None
     pulumi_version: str = ""
+    language_host: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -164,6 +175,7 @@ def execute(
         permalink=outcome.permalink,
         pulumi_version=run.pulumi_version,
         project_info=run.project_info,
+        language_host=run.language_host,
     )
     return bound_result(result)
 
@@ -194,28 +206,41 @@ def _execute(run: _Run) -> Outcome:
         project, state_only = _source(run, spec, credentials, private)
         run.project_info = project.info
         cache_dir = cache_dir_from(env)
-        if state_only:
-            program: Callable[[], None] = _no_program
-        else:
-            python = prepare_python_program(
-                project,
-                cache_dir,
-                log.step,
-                lambda argv: run.cancellation.run(
-                    argv, run.process_env, timeout=PIP_TIMEOUT_SECONDS
-                ),
-            )
-            program = python.function()
-        pulumi_env = _pulumi_env(spec, env)
+        home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache_dir)
+        pulumi_env = {**_pulumi_env(spec), **cache_environment(cache_dir, env)}
+        if home:
+            pulumi_env["PULUMI_HOME"] = home
         command = _pulumi_command(run, {**run.process_env, **pulumi_env})
         run.pulumi_version = str(command.version or "")
+        program: Callable[[], None] | None = _no_program if state_only else None
+        if not state_only:
+            host = _program_host(run, project, command, home)
+            run.language_host = host.label
+            if host.inline:
+                run.log.step(
+                    "runtime python: pulumi-language-python is not in the image; running "
+                    "the program inline with the runner's interpreter"
+                )
+                # Dynamic providers and other Python plugins run with that interpreter too.
+                pulumi_env["PULUMI_PYTHON_CMD"] = env.get("PULUMI_PYTHON_CMD") or sys.executable
+                program = prepare_python_program(
+                    project,
+                    cache_dir,
+                    log.step,
+                    lambda argv: run.cancellation.run(
+                        argv, {**run.process_env, **pulumi_env}, timeout=INSTALL_TIMEOUT_SECONDS
+                    ),
+                ).function()
+            else:
+                run.log.step(f"runtime {host.runtime}: running the program with {host.host}")
+                _install_dependencies(run, project, command, pulumi_env)
         workspace = RunnerWorkspace(
             work_dir=str(project.directory),
             program=program,
             env_vars=pulumi_env,
             secrets_provider=spec.secrets_provider,
             pulumi_command=command,
-            pulumi_home=env.get("PULUMI_HOME"),
+            pulumi_home=home,
         )
         stack = _select_stack(run, spec, workspace)
         if stack is None:
@@ -325,13 +350,9 @@ def _fetch_source(
     return load_project(copy_program(Path(local_dir), private / "program"))
 
 
-def _pulumi_env(spec: StackSpec, env: Mapping[str, str]) -> dict[str, str]:
+def _pulumi_env(spec: StackSpec) -> dict[str, str]:
     """Variables every Pulumi command of the run gets on top of the process environment."""
-    pulumi_env = {
-        "PULUMI_SKIP_UPDATE_CHECK": "true",
-        # Dynamic providers and other Python plugins run with the runner's interpreter.
-        "PULUMI_PYTHON_CMD": env.get("PULUMI_PYTHON_CMD") or sys.executable,
-    }
+    pulumi_env = {"PULUMI_SKIP_UPDATE_CHECK": "true"}
     if spec.backend:
         pulumi_env["PULUMI_BACKEND_URL"] = spec.backend
     return pulumi_env
@@ -345,6 +366,49 @@ def _pulumi_command(run: _Run, env: Mapping[str, str]) -> RunnerPulumiCommand:
             "JobFailed",
             "the pulumi CLI is not on PATH: the runner image must provide it (see jobs/Dockerfile)",
         ) from None
+
+
+def _program_host(
+    run: _Run, project: Project, command: RunnerPulumiCommand, home: str | None
+) -> ProgramHost:
+    info = project.info
+    runtime = project.settings.get("runtime")
+    options = (runtime.get("options") or {}) if isinstance(runtime, Mapping) else {}
+    return choose_program_host(
+        info.runtime,
+        options,
+        project.directory,
+        search_path(
+            run.process_env, shutil.which(command.command, path=run.process_env.get("PATH"))
+        ),
+        Path(home) if home else Path.home() / ".pulumi",
+        frozen=is_frozen(),
+    )
+
+
+def _install_dependencies(
+    run: _Run, project: Project, command: RunnerPulumiCommand, pulumi_env: Mapping[str, str]
+) -> None:
+    """``pulumi install`` in the project directory, with the run's caches."""
+    run.log.step("installing dependencies (pulumi install)")
+    try:
+        done = run.cancellation.run(
+            [command.command, *INSTALL_ARGS],
+            {**run.process_env, **pulumi_env},
+            project.directory,
+            timeout=INSTALL_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise RunFailure(
+            "ProgramError", f"pulumi install took over {INSTALL_TIMEOUT_SECONDS:.0f}s"
+        ) from None
+    for line in (done.stdout + done.stderr).splitlines():
+        run.log.pulumi(line)
+    if done.returncode != 0:
+        raise RunFailure(
+            "ProgramError",
+            bound_message(f"pulumi install failed: {(done.stderr or done.stdout).strip()}"),
+        )
 
 
 def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Stack | None:

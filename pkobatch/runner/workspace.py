@@ -1,21 +1,22 @@
-"""The program a run executes: its project file, its dependencies, and how it is started.
+"""The program a run executes: its project file, and the inline way to run Python.
 
-**Programs run inline.** The runner image carries the Pulumi CLI but no Python language host
-(``pulumi-language-python`` is not available from the Go module proxy): the runner loads the
-program itself, as the Automation API's *inline program*, and the CLI talks to the Automation
-API's language server in the runner's process (``--client``). The program's ``__main__.py``
-(or its Pulumi.yaml ``main``) is executed with ``runpy`` exactly as Pulumi's own
+Most programs run through the Pulumi CLI's language host (``pkobatch.runner.runtimes``).
+This module reads and writes the project file and holds the **inline Python fallback**,
+used only when ``pulumi-language-python`` is absent: the runner loads the program itself,
+as the Automation API's *inline program*, and the CLI talks to the Automation API's
+language server in the runner's process (``--client``). The program's ``__main__.py`` (or
+its Pulumi.yaml ``main``) is executed with ``runpy`` exactly as Pulumi's own
 ``pulumi-language-python-exec`` does, from the project directory.
 
-**Dependencies.** A program with a ``requirements.txt`` gets a virtualenv built once per
-requirements hash under ``$PKOBATCH_CACHE_DIR/venvs/<sha256>`` (put the cache on a PVC to
-share it between Jobs): it is built in a temporary directory and renamed into place, so
+**Inline dependencies.** A program with a ``requirements.txt`` gets a virtualenv built once
+per requirements hash under ``$PKOBATCH_CACHE_DIR/venvs/<sha256>`` (put the cache on a PVC
+to share it between Jobs): it is built in a temporary directory and renamed into place, so
 concurrent runs never see a half-built one. The runner's process appends the virtualenv's
 site-packages to ``sys.path`` (the runner's own ``pulumi`` keeps precedence — the language
-server and the program must share one SDK), and Pulumi.yaml's ``virtualenv`` option points at
-it so dynamic providers (``pulumi-resource-pulumi-python``) run with it. A program without
-``requirements.txt`` uses the runner's interpreter (``PULUMI_PYTHON_CMD``), which has
-``pulumi`` and ``dill``.
+server and the program must share one SDK), and Pulumi.yaml's ``virtualenv`` option points
+at it so dynamic providers (``pulumi-resource-pulumi-python``) run with it. A program
+without ``requirements.txt`` uses the runner's interpreter (``PULUMI_PYTHON_CMD``), which
+has ``pulumi`` and ``dill``.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ import yaml
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo
 from pkobatch.runner.failures import RunFailure
+from pkobatch.runner.runtimes import INSTALL_TIMEOUT_SECONDS
 
 PROJECT_FILES: Final = ("Pulumi.yaml", "Pulumi.yml", "Pulumi.json")
 CACHE_DIR_ENV: Final = "PKOBATCH_CACHE_DIR"
-PIP_TIMEOUT_SECONDS: Final = 1800.0
 
 
 @dataclass
@@ -134,7 +135,7 @@ def site_packages(venv: Path) -> Path:
 
 Log = Callable[[str], None]
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-"""Runs one command with a timeout of ``PIP_TIMEOUT_SECONDS`` (e.g. ``Cancellation.run``)."""
+"""Runs one command with a timeout of ``INSTALL_TIMEOUT_SECONDS`` (e.g. ``Cancellation.run``)."""
 
 
 def ensure_virtualenv(cache_dir: Path, requirements: Path, log: Log, run: Run) -> Path:
@@ -179,7 +180,8 @@ def ensure_virtualenv(cache_dir: Path, requirements: Path, log: Log, run: Run) -
                 raise
     except subprocess.TimeoutExpired:
         raise RunFailure(
-            "ProgramError", f"installing {requirements.name} took over {PIP_TIMEOUT_SECONDS:.0f}s"
+            "ProgramError",
+            f"installing {requirements.name} took over {INSTALL_TIMEOUT_SECONDS:.0f}s",
         ) from None
     finally:
         shutil.rmtree(building, ignore_errors=True)
@@ -239,13 +241,8 @@ def user_traceback(error: BaseException, directory: str) -> str:
 
 
 def prepare_python_program(project: Project, cache_dir: Path, log: Log, run: Run) -> PythonProgram:
-    """Install the program's dependencies (cached) and point its runtime at them."""
-    if project.info.runtime != "python":
-        raise RunFailure(
-            "InvalidSpec",
-            f"{project.path.name}: runtime {project.info.runtime!r} is not supported; the "
-            "runner runs Python programs (runtime: python)",
-        )
+    """Install an inline Python program's dependencies (cached) and point its runtime at
+    them."""
     main = project.main_path()
     if not main.exists():
         raise RunFailure("ProgramError", f"{project.path.name}: main {main.name!r} does not exist")

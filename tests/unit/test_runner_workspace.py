@@ -102,12 +102,6 @@ def test_prepare_rewrites_the_project_for_the_runners_interpreter(tmp_path: Path
     assert yaml.safe_load((tmp_path / "Pulumi.yaml").read_text())["runtime"] == {"name": "python"}
 
 
-def test_other_runtimes_are_refused(tmp_path: Path) -> None:
-    (tmp_path / "Pulumi.yaml").write_text("name: p\nruntime: nodejs\n")
-    with pytest.raises(RunFailure, match="runtime 'nodejs' is not supported"):
-        prepare_python_program(load_project(tmp_path), tmp_path, print, run)
-
-
 def test_the_inline_program_reports_the_users_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
