@@ -334,6 +334,7 @@ def run_json(run: RunRecord) -> JSON:
         "changes": dict(run.changes),
         "permalink": run.permalink,
         "pulumiVersion": run.pulumi_version,
+        "languageHost": run.language_host,
     }
 
 

@@ -41,6 +41,7 @@ class RunRecord:
     changes: Mapping[str, int] = field(default_factory=dict)
     permalink: str = ""
     pulumi_version: str = ""
+    language_host: str = ""
     outputs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,6 +102,7 @@ def _record_from_result(name: str, result: RunResult, job: Mapping[str, Any] | N
         changes=dict(result.changes),
         permalink=result.permalink,
         pulumi_version=result.pulumi_version,
+        language_host=result.language_host,
         outputs=dict(result.outputs),
     )
 

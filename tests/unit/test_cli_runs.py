@@ -47,6 +47,7 @@ def result_configmap(name: str, **fields: Any) -> dict[str, Any]:
             "endTime": datetime(2026, 11, 30, 10, 1, 30, tzinfo=UTC),
             "changes": {"same": 2},
             "pulumiVersion": "3.259.0",
+            "languageHost": "pulumi-language-yaml",
             **fields,
         }
     )
@@ -69,6 +70,7 @@ def test_a_result_is_the_authority_and_carries_details() -> None:
     assert run.duration == timedelta(seconds=90)
     assert dict(run.changes) == {"same": 2}
     assert run.pulumi_version == "3.259.0"
+    assert run.language_host == "pulumi-language-yaml"
 
 
 def test_jobs_without_results_get_their_state_from_the_job() -> None:
