@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration and end-to-end tests: everything here is real (DESIGN §5).
+"""Fixtures shared by the integration and end-to-end tests: everything here is real
+(docs/development.md).
 
 Session scope
 -------------
@@ -54,7 +55,7 @@ Function scope
                ``.update(files, message) -> sha``.
 ``program_dir`` factory ``program_dir(name) -> Path``: a writable copy of a test program.
 ``pulumi_env`` ``PulumiEnv``: per-test PULUMI_HOME and ``file://`` backend, the offline
-               environment of go-deps.md §1.4 (``.env`` dict, ``.backend_url``,
+               environment of docs/development.md (``.env`` dict, ``.backend_url``,
                ``.passphrase``, ``.home``, ``.files_dir`` = where the programs write files).
 
 Test programs (``tests/fixtures/programs``)

@@ -72,7 +72,7 @@ STALLED_DESTROY_HELD_REASON: Final = "DestroyedOnRequest"
 # pkobatch: planning the Stack failed (a bug); the message has the error.
 STALLED_RECONCILE_ERROR_REASON: Final = "ReconcileError"
 
-# Result reasons written by the runner (closed set, DESIGN §3).
+# Result reasons written by the runner (closed set, docs/runner.md).
 ResultReason = Literal[
     "Succeeded",
     "UpdateConflict",

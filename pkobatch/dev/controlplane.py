@@ -1,5 +1,5 @@
 """A local Kubernetes control plane made of the real binaries: etcd, kube-apiserver and
-kube-controller-manager (DESIGN §5), listening on random free ports on 127.0.0.1.
+kube-controller-manager (docs/development.md), listening on random free ports on 127.0.0.1.
 
 There is no kubelet and no scheduler: ``pkobatch.dev.node_agent`` runs the Job controller's
 pods. Layout of ``state_dir``::
@@ -82,7 +82,7 @@ def default_crds_dir() -> Path | None:
 
 def advertise_address() -> str:
     """The host's primary IPv4 address. kube-apiserver refuses loopback and cannot pick one
-    itself on a host without a default route (go-deps.md §4.2); nothing dials it here."""
+    itself on a host without a default route; nothing dials it here."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect(("192.0.2.1", 9))  # UDP: selects a route, sends nothing
         address = str(sock.getsockname()[0])

@@ -1,4 +1,4 @@
-"""A stand-in for the kubelet, and nothing more, for the local control plane (DESIGN §5).
+"""A stand-in for the kubelet, and nothing more, for the local control plane (docs/development.md).
 
 It watches unscheduled pods (``spec.nodeName`` empty) — there is no scheduler — binds each
 one it is about to run to its node name (``pods/binding``; no Node object is needed) and runs

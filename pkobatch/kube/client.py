@@ -12,7 +12,7 @@ Errors are mapped to a small exception hierarchy (``NotFound``, ``Conflict``,
 ``Unreachable``) so callers can decide without parsing status codes.
 
 Watches ask for bookmarks and use a *read* timeout (not a total one), so a silently dropped
-connection ends the stream instead of hanging forever (anchors.md §2.2).
+connection ends the stream instead of hanging forever.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """List-then-watch one resource into a ``Store`` (client-go's reflector, for threads).
 
-The loop, and why each step is there (anchors.md §2.2, §2.7.1):
+The loop, and why each step is there:
 
 1. **List** (paginated) and replace the store's contents; report objects that are new or
    have a new resourceVersion, and objects that disappeared, to ``on_change``. The first

@@ -1,7 +1,7 @@
 """Reflector edge cases a real API server cannot produce on demand: a watch that ends with
 ERROR 410 at a chosen moment, a watch answered with 410, a stalled stream, a closed stream.
 
-The fake is a loopback HTTP server with scripted responses (DESIGN §5 allows this only for
+The fake is a loopback HTTP server with scripted responses (docs/development.md allows this only for
 such edge cases); the normal list/watch flow is tested against the real API server in
 tests/integration/test_runtime_reflector_apiserver.py.
 """
