@@ -161,6 +161,33 @@ def test_the_default_run_pod_meets_restricted() -> None:
     )
 
 
+def test_pkobatchs_injected_init_container_is_judged_and_meets_restricted() -> None:
+    # A run in another image gets the runner bundle through an init container.
+    job = build(
+        {"workspaceTemplate": {"spec": {"image": "pulumi/pulumi-python:3"}}},
+        JobSettings(pod_security_level="restricted"),
+    )
+    assert job["spec"]["template"]["spec"]["initContainers"]
+    # The same pod with a template that weakens the run container is refused.
+    with pytest.raises(JobBuildError, match=r"spec.containers\[pulumi\].*allowPrivilegeEscalation"):
+        build(
+            {
+                "workspaceTemplate": {"spec": {"image": "pulumi/pulumi-python:3"}},
+                "jobTemplate": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "pulumi",
+                                "securityContext": {"allowPrivilegeEscalation": True},
+                            }
+                        ]
+                    }
+                },
+            },
+            JobSettings(pod_security_level="restricted"),
+        )
+
+
 def test_the_controllers_own_template_is_blamed_on_the_operator() -> None:
     template = copy.deepcopy(builtin_template())
     template["spec"]["template"]["spec"]["hostNetwork"] = True
