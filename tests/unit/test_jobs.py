@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.constants import OPERATION_LABEL, STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.api.pod_security import check_pod
 from pkobatch.api.run import ProjectInfo, RunSnapshot
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import JobSettings, Settings
@@ -508,6 +509,16 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
         "securityContext": RESTRICTED,
         "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
     }
+
+
+def test_an_injected_pod_meets_pod_security_restricted() -> None:
+    job = build(
+        {"workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}}},
+        JobSettings(pod_security_level="restricted"),
+    )
+    pod = job["spec"]["template"]
+    assert pod_spec(job)["initContainers"]
+    assert check_pod(pod["metadata"], pod["spec"], "restricted") == []
 
 
 def test_the_init_container_is_restricted_whatever_the_template_says() -> None:
