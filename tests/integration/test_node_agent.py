@@ -160,6 +160,56 @@ def test_sigkill_after_grace_period_when_sigterm_is_ignored(
     assert "got SIGTERM" in (cluster.log_dir / namespace / f"{pod_name}.log").read_text()
 
 
+# A launcher like the runner bundle's PyInstaller bootloader: it passes SIGTERM on to its
+# child, which stays in its process group and records how many SIGTERMs it got. It passes
+# it on a little later, so that a second SIGTERM (sent to the whole group) cannot merge
+# with it into one pending signal.
+LAUNCHER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", os.environ["CHILD"]])
+
+    def forward(signum, frame):
+        time.sleep(0.5)
+        child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    sys.exit(child.wait())
+    """
+)
+COUNTING_CHILD = textwrap.dedent(
+    """
+    import os, signal, time
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    open(os.environ["READY"], "w").close()
+    while not received:
+        time.sleep(0.1)
+    time.sleep(2)
+    with open(os.environ["COUNT"], "w") as f:
+        f.write(str(len(received)))
+    """
+)
+
+
+def test_sigterm_reaches_the_containers_first_process_only(
+    kube: Kube, namespace: str, tmp_path: Path, python_job: Any, job_pods: Any
+) -> None:
+    ready, count = tmp_path / "ready", tmp_path / "count"
+    env = [
+        {"name": "CHILD", "value": COUNTING_CHILD},
+        {"name": "READY", "value": str(ready)},
+        {"name": "COUNT", "value": str(count)},
+    ]
+    kube.create(JOBS, python_job("launcher", LAUNCHER, env=env, grace=30), namespace)
+    wait_until(ready.exists, timeout=60, what="the pod to start")
+
+    kube.delete(JOBS, "launcher", namespace, propagation="Background")
+
+    wait_until(count.exists, timeout=60, what="the child to count its signals")
+    assert count.read_text() == "1"
+
+
 def test_deleting_a_job_removes_its_pods_and_kills_their_processes(
     kube: Kube, namespace: str, tmp_path: Path, python_job: Any, job_pods: Any
 ) -> None:
