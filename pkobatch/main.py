@@ -1,4 +1,5 @@
-"""The ``pkobatch`` console script: one click group for users, operators and the Job runner.
+"""The ``pkobatch`` console script (and ``kubectl-pkobatch``, the same as a kubectl plugin):
+one click group for users, operators and the Job runner.
 
 It lives outside ``pkobatch.cli`` because it also mounts ``pkobatch controller`` (from
 ``pkobatch.runtime``), which the user-facing CLI package must not import.
@@ -29,6 +30,12 @@ for command in (crds_command, dev_group, run_command, job_group, controller_comm
 
 def main() -> None:
     cli()
+
+
+def kubectl_main() -> None:
+    """``kubectl-pkobatch``: the same commands as a kubectl plugin (``kubectl pkobatch ...``);
+    kubectl hands every argument after the plugin name over unchanged."""
+    cli(prog_name="kubectl pkobatch")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ Conventions, as in `kubectl` and `flux`:
 - Colours only on a terminal; `--no-color` or `NO_COLOR` turns them off.
 - Shell completion, Stack names included: `eval "$(_PKOBATCH_COMPLETE=bash_source pkobatch)"`
   (or `zsh_source`, `fish_source`).
+- As a kubectl plugin: installing pkobatch also installs `kubectl-pkobatch`, so with it on
+  `PATH` every command works as `kubectl pkobatch ...` (`kubectl plugin list` shows it).
 """
 
 

@@ -829,3 +829,32 @@ def test_missing_crd_is_one_line_and_exit_1(
     assert check.exit_code == 1
     crd = next(line for line in check.stdout.splitlines() if line.startswith("crd"))
     assert crd.split()[1] == "FAIL"
+
+
+def test_kubectl_runs_pkobatch_as_a_plugin(cluster: Any, kube: Kube, namespace: str) -> None:
+    bin_dir = Path(sys.executable).parent
+    kubectl = bin_dir / "kubectl"
+    assert (bin_dir / "kubectl-pkobatch").is_file(), "pip install -e . installs kubectl-pkobatch"
+    make_stack(kube, namespace, "plugin-stack", projectRepo="https://e.invalid/r", branch="main")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(cluster.state_dir)}
+    listed = subprocess.run(
+        [str(kubectl), "plugin", "list", "--name-only"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "kubectl-pkobatch" in listed.stdout, listed.stdout + listed.stderr
+    got = subprocess.run(
+        [str(kubectl), "pkobatch", "get", "-o", "json", "-n", namespace],
+        env={**env, "KUBECONFIG": str(cluster.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert got.returncode == 0, got.stderr
+    assert [item["metadata"]["name"] for item in json.loads(got.stdout)["items"]] == [
+        "plugin-stack"
+    ]
