@@ -10,6 +10,10 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
   pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain), otherwise
   ``JobFailed`` with the Job controller's message;
 - the Job vanished (deleted by someone, garbage-collected): ``Interrupted``;
+- the Job controller cannot create its pod (a missing ServiceAccount, a ResourceQuota, an
+  admission webhook or policy): ``PodCreationFailed`` with the API server's words, taken
+  from the Job's ``FailedCreate`` Event — the Job would otherwise wait for its pod until its
+  deadline (an hour by default), and every retry again;
 - the run was cancelled on request: ``Cancelled``.
 
 So a Stack never waits on an object that is gone. ``folded_last_update`` then applies PKO's
@@ -23,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -38,6 +42,7 @@ TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
 # Job condition reasons (batch/v1) and the pod failure policy's message for disruptions.
 JOB_REASON_DEADLINE: Final = "DeadlineExceeded"
 JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
+POD_CREATION_FAILED: Final = "PodCreationFailed"
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
 _OUTPUT_KEY_INVALID: Final = re.compile(r"[^-._a-zA-Z0-9]")
 
@@ -70,6 +75,37 @@ def job_finished(job: Mapping[str, Any]) -> bool:
 
 def job_deleting(job: Mapping[str, Any]) -> bool:
     return bool((job.get("metadata") or {}).get("deletionTimestamp"))
+
+
+# A Job without a pod this long after its creation may be unable to create one: only then
+# is it worth asking for the Job controller's FailedCreate Events (and again this often).
+POD_CREATION_GRACE: Final = timedelta(seconds=10)
+POD_CREATION_RECHECK: Final = timedelta(seconds=20)
+_POD_COUNTS: Final = ("active", "ready", "succeeded", "failed", "terminating")
+
+
+def job_without_pod(job: Mapping[str, Any], now: datetime) -> bool:
+    """The Job is unfinished, has never had a pod, and is older than ``POD_CREATION_GRACE``."""
+    status = job.get("status") or {}
+    if job_finished(job) or job_deleting(job) or any(status.get(k) for k in _POD_COUNTS):
+        return False
+    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and now - created >= POD_CREATION_GRACE
+
+
+def pod_creation_outcome(job: Mapping[str, Any], failure: str, now: datetime) -> Outcome:
+    name = (job.get("metadata") or {}).get("name")
+    return Outcome(
+        "failed",
+        POD_CREATION_FAILED,
+        bound_message(
+            f"run {name} could not start: the Job controller cannot create its pod: {failure}. "
+            "Fix the cause (e.g. create the ServiceAccount named in spec.serviceAccountName, "
+            "raise the namespace's ResourceQuota, satisfy its admission policies); the run "
+            "is retried with the normal backoff"
+        ),
+        now,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,34 @@ conclusion, so they are closed with a live ``get``:
 
 Only objects owned by this Stack's UID count: the Jobs of a deleted Stack that had the same
 name are not adopted by its successor.
+
+When the current Job still has no pod some seconds after its creation
+(``fold.job_without_pod``), the Job controller may be unable to create one. Its reason is
+only in a ``FailedCreate`` Event on the Job, so the observer lists those Events for that
+one Job (field selector on the Job's UID and the reason): one small ``list`` per Stack whose
+Job is stuck, none for Jobs whose pod exists — no watch of all Events.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
+from pkobatch.api.constants import (
+    FINALIZER,
+    JOB_STACK_UID_ANNOTATION,
+    RECONCILE_REQUEST_ANNOTATION,
+)
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.config import Settings
-from pkobatch.controller.fold import job_finished
+from pkobatch.controller.fold import job_finished, job_without_pod
 from pkobatch.controller.plan import Observed, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.kube.client import (
     CONFIGMAPS,
+    CORE_EVENTS,
     JOBS,
     NAMESPACES,
     Kube,
@@ -37,6 +49,16 @@ from pkobatch.kube.client import (
 from pkobatch.runtime.interfaces import StackKey, Stores
 
 JSON = dict[str, Any]
+log = logging.getLogger(__name__)
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -44,6 +66,28 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     if (meta.get("annotations") or {}).get(JOB_STACK_UID_ANNOTATION) == uid:
         return True
     return any(owner.get("uid") == uid for owner in meta.get("ownerReferences") or ())
+
+
+def run_awaited_for(stack: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The change (generation, reconcile request) that still awaits its run — neither the
+    last run nor the one in progress was for it — else None. Such a run uses a branch head
+    fetched after the change was seen (``GitPoller.head(fresh_for=...)``), as PKO's
+    per-reconcile ``ls-remote`` does."""
+    meta = stack.get("metadata") or {}
+    status = stack.get("status") or {}
+    request = str((meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or "")
+    change = (int(meta.get("generation") or 0), request)
+    for recorded in (status.get("lastUpdate"), status.get("currentUpdate")):
+        if (
+            isinstance(recorded, Mapping)
+            and (
+                recorded.get("generation"),
+                str(recorded.get("reconcileRequest") or ""),
+            )
+            == change
+        ):
+            return None
+    return change
 
 
 class Observer:
@@ -89,6 +133,11 @@ class Observer:
             live_result = self._get(CONFIGMAPS, current, key.namespace)
             if live_result is not None:
                 results[current] = live_result
+        pod_creation_failures: dict[str, str] = {}
+        if job is not None and job_without_pod(job, now):
+            failure = self._failed_create(job)
+            if failure:
+                pod_creation_failures[current] = failure
 
         source = None
         polled = poll_key(key.namespace, spec) if self._may_poll(stack) else None
@@ -96,7 +145,9 @@ class Observer:
             self._poller.forget(key)
         else:
             resync = spec.get("resyncFrequencySeconds")
-            source = self._poller.head(key, polled, float(resync) if resync else None)
+            source = self._poller.head(
+                key, polled, float(resync) if resync else None, run_awaited_for(stack)
+            )
 
         prerequisites: dict[str, Mapping[str, Any] | None] = {}
         for item in spec.get("prerequisites") or ():
@@ -112,6 +163,7 @@ class Observer:
             source=source,
             prerequisites=prerequisites,
             namespace_terminating=self._namespace_terminating(stack),
+            pod_creation_failures=pod_creation_failures,
         )
 
     def _may_poll(self, stack: Mapping[str, Any]) -> bool:
@@ -121,6 +173,23 @@ class Observer:
         if check.spec is None or not check.valid:
             return False
         return run_refusal(stack, check.spec, self._settings, self._template) is None
+
+    def _failed_create(self, job: Mapping[str, Any]) -> str:
+        """The latest FailedCreate message the Job controller recorded on ``job`` ("": none)."""
+        meta = job.get("metadata") or {}
+        try:
+            events, _ = self._kube.list_objects(
+                CORE_EVENTS,
+                str(meta.get("namespace")),
+                field_selector=f"involvedObject.uid={meta.get('uid')},reason=FailedCreate",
+            )
+        except KubeError as exc:
+            log.warning("cannot list the Events of job %s: %s", meta.get("name"), exc)
+            return ""
+        if not events:
+            return ""
+        latest = max(events, key=_event_time)
+        return str(latest.get("message") or latest.get("note") or "")
 
     def _get(self, resource: Resource, name: str, namespace: str) -> JSON | None:
         try:

@@ -80,6 +80,8 @@ from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, SpecCheck, StackSpec, load_stack_spec
 from pkobatch.config import Settings
 from pkobatch.controller.fold import (
+    POD_CREATION_GRACE,
+    POD_CREATION_RECHECK,
     Outcome,
     cancelled_outcome,
     folded_last_update,
@@ -88,7 +90,9 @@ from pkobatch.controller.fold import (
     job_deleting,
     job_finished,
     job_outcome,
+    job_without_pod,
     parse_time,
+    pod_creation_outcome,
     same_commit,
     vanished_outcome,
 )
@@ -162,6 +166,9 @@ class Observed:
     slot_available: bool = True
     # The API server's message when it refused the Job this decision creates.
     job_rejected: str = ""
+    # Job name -> why the Job controller cannot create its pod (its FailedCreate Event);
+    # asked only for the current Job when it has no pod (see fold.job_without_pod).
+    pod_creation_failures: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -452,7 +459,19 @@ class _Planner:
     def _fold_job(self, job: Mapping[str, Any]) -> None:
         name = str(job["metadata"]["name"])
         outcome = job_outcome(job, self.obs.results.get(name), self.uid, self.now)
+        if outcome is None and job_without_pod(job, self.now):
+            failure = self.obs.pod_creation_failures.get(name)
+            if not failure:
+                # Look for the Job controller's FailedCreate Event again in a while.
+                self._requeue_in(POD_CREATION_RECHECK)
+                return
+            outcome = pod_creation_outcome(job, failure, self.now)
+            # No pod exists; the Job must go so the retry is not blocked by it.
+            self.result.delete_jobs.append(JobDeletion(name, str(job["metadata"].get("uid") or "")))
         if outcome is None:
+            created = parse_time(_creation(job))
+            if created is not None and not (job.get("status") or {}).get("active"):
+                self._requeue_in(max(created + POD_CREATION_GRACE - self.now, timedelta(0)))
             return
         started = parse_time((job.get("status") or {}).get("startTime"))
         self._fold(self._run_of(name, job), name, outcome, started)
@@ -715,7 +734,12 @@ class _Planner:
             return
         commit = self._commit(spec)
         if commit is _PENDING:
-            if not self.status.get("lastUpdate"):
+            last = self.status.get("lastUpdate") or {}
+            if (
+                not last
+                or last.get("generation") != self.generation
+                or (last.get("reconcileRequest") or "") != self.request
+            ):
                 self._reconciling(
                     RECONCILING_PROCESSING_REASON,
                     f"waiting for the head of branch {spec.branch} of {spec.project_repo}",

@@ -23,6 +23,15 @@ keeps that true for any other caller.
 
 The interval of a key is ``Settings.poll_interval``, or longer when every Stack on it set a
 longer ``spec.resyncFrequencySeconds``.
+
+A cached head can be up to one interval old. That is fine for noticing new commits, but not
+for a run caused by a change of the Stack itself (its first run, a new generation, a new
+reconcile request): like PKO, which runs ``ls-remote`` in that reconcile, such a run must
+use a head no older than the moment the controller saw the change. So ``head(...,
+fresh_for=change)`` answers "not known yet" until a fetch that *started* after the Stack
+first asked for that change has finished, and that fetch starts at once. Every Stack asking
+before it starts shares it (one ``ls-remote``); a Stack asking while a fetch is already
+running waits for the next one.
 """
 
 from __future__ import annotations
@@ -222,7 +231,12 @@ class _Entry:
     commit: str | None = None
     error: str = ""
     fetched_at: float | None = None
+    # When the fetch that produced commit/error started (the age of the answer).
+    started_at: float | None = None
     in_flight: bool = False
+    in_flight_since: float = 0.0
+    # Stacks waiting for a head fetched after the moment they asked (see fresh_for).
+    fresh_waiters: dict[StackKey, float] = field(default_factory=dict)
 
 
 LsRemote = Callable[[str, str, "_Resolved | None", float], str]
@@ -252,6 +266,8 @@ class GitPoller:
         self._lock = threading.Lock()
         self._entries: dict[PollKey, _Entry] = {}
         self._key_of: dict[StackKey, PollKey] = {}
+        # Stack -> (the change it needs a fresh head for, when it first asked).
+        self._fresh: dict[StackKey, tuple[object, float]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -269,9 +285,19 @@ class GitPoller:
     # -- used by reconciles ----------------------------------------------------------------
 
     def head(
-        self, stack: StackKey, key: PollKey, resync_seconds: float | None = None
+        self,
+        stack: StackKey,
+        key: PollKey,
+        resync_seconds: float | None = None,
+        fresh_for: object | None = None,
     ) -> SourceHead:
-        """The cached head for ``key``; subscribes ``stack`` to changes. Never blocks."""
+        """The cached head for ``key``; subscribes ``stack`` to changes. Never blocks.
+
+        ``fresh_for`` names a change of the Stack that will start a run (any hashable value,
+        e.g. its generation and reconcile request): until a fetch started after the first
+        ask for that change has finished, the answer is "unknown" (``SourceHead()``) and the
+        Stack is enqueued when it has.
+        """
         with self._lock:
             previous = self._key_of.get(stack)
             if previous is not None and previous != key:
@@ -279,6 +305,16 @@ class GitPoller:
             self._key_of[stack] = key
             entry = self._entries.setdefault(key, _Entry())
             entry.subscribers[stack] = max(self._interval, resync_seconds or 0.0)
+            if fresh_for is None:
+                self._fresh.pop(stack, None)
+            else:
+                change = self._fresh.get(stack)
+                if change is None or change[0] != fresh_for:
+                    change = self._fresh[stack] = (fresh_for, self._clock())
+                if entry.started_at is None or entry.started_at < change[1]:
+                    entry.fresh_waiters[stack] = change[1]
+                    self._wake.set()
+                    return SourceHead()
             if entry.fetched_at is None and not entry.in_flight:
                 self._wake.set()
             return SourceHead(commit=entry.commit, error=entry.error)
@@ -286,6 +322,7 @@ class GitPoller:
     def forget(self, stack: StackKey) -> None:
         """``stack`` is gone or tracks no branch any more."""
         with self._lock:
+            self._fresh.pop(stack, None)
             previous = self._key_of.pop(stack, None)
             if previous is not None:
                 self._unsubscribe(stack, previous)
@@ -294,6 +331,7 @@ class GitPoller:
         entry = self._entries.get(key)
         if entry is not None:
             entry.subscribers.pop(stack, None)
+            entry.fresh_waiters.pop(stack, None)
             if not entry.subscribers and not entry.in_flight:
                 del self._entries[key]
 
@@ -312,16 +350,17 @@ class GitPoller:
 
     def poll_due(self) -> float:
         """Start the fetches that are due; the seconds until the next one is."""
-        now = self._clock()
         next_due = self._interval
         with self._lock:
+            now = self._clock()
             for key, entry in self._entries.items():
                 if entry.in_flight or not entry.subscribers:
                     continue
                 period = min(entry.subscribers.values())
                 due_at = now if entry.fetched_at is None else entry.fetched_at + period
-                if due_at <= now:
+                if due_at <= now or entry.fresh_waiters:
                     entry.in_flight = True
+                    entry.in_flight_since = now
                     self._pool.submit(self._poll, key)
                 else:
                     next_due = min(next_due, due_at - now)
@@ -356,7 +395,13 @@ class GitPoller:
             changed = (entry.commit, entry.error) != (commit, error)
             entry.commit, entry.error = commit, error
             entry.fetched_at = self._clock()
+            entry.started_at = entry.in_flight_since
             entry.in_flight = False
+            served = [s for s, asked in entry.fresh_waiters.items() if asked <= entry.started_at]
+            for stack in served:
+                del entry.fresh_waiters[stack]
+            if entry.fresh_waiters:  # they asked while this fetch ran: fetch again now
+                self._wake.set()
             subscribers = list(entry.subscribers)
             if not subscribers:
                 del self._entries[key]
@@ -367,8 +412,8 @@ class GitPoller:
                 scrub(key.url),
                 commit or f"error: {error}",
             )
-            for stack in subscribers:
-                self._enqueue(stack)
+        for stack in subscribers if changed else served:
+            self._enqueue(stack)
 
     # -- credentials -----------------------------------------------------------------------
 

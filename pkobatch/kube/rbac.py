@@ -53,6 +53,9 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("events.k8s.io", "events", "patch"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    # The Job controller's FailedCreate Events of a Job that has no pod (missing
+    # ServiceAccount, quota, admission): listed per Job by field selector, never watched.
+    ("", "events", "list"),
     # Git credentials for branch polling; the only Secret access (see the module docstring).
     ("", "secrets", "get"),
     # Leader election, in the controller's own namespace only.

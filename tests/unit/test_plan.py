@@ -74,6 +74,7 @@ class World:
         self.prerequisites: dict[str, dict[str, Any] | None] = {}
         self.slot_available = True
         self.namespace_terminating = False
+        self.pod_creation_failures: dict[str, str] = {}
         self.counter = 0
 
     # -- observing and applying ------------------------------------------------------------
@@ -97,6 +98,7 @@ class World:
             prerequisites=self.prerequisites,
             namespace_terminating=self.namespace_terminating,
             slot_available=self.slot_available,
+            pod_creation_failures=self.pod_creation_failures,
         )
         return plan(observed, self.settings, builtin_template())
 
@@ -380,6 +382,19 @@ def test_a_known_stack_keeps_its_conditions_while_the_head_is_unknown() -> None:
     assert world.stack == before
 
 
+def test_a_spec_change_waiting_for_a_fresh_head_is_reconciling() -> None:
+    world = deployed_world()
+    world.edit_spec(config={"x": "1"})
+    world.source = SourceHead()  # the poller has no head fetched after the change yet
+    result = world.step()
+    assert result.create_job is None
+    assert world.condition("Ready")["status"] == "False"
+    assert "waiting for the head of branch main" in world.condition("Reconciling")["message"]
+    world.source = SourceHead(commit=SHA2)
+    assert world.step().create_job is not None
+    assert world.status["currentUpdate"]["commit"] == SHA2
+
+
 def test_unreadable_branch_is_stalled_source_unavailable() -> None:
     world = World()
     world.source = SourceHead(error="repository not found")
@@ -607,6 +622,46 @@ def test_job_failure_without_result_has_a_reason(
     assert result.finished[0].outcome.reason == expected_reason
     assert expected_text in world.status["lastUpdate"]["message"]
     assert world.status["lastUpdate"]["state"] == "failed"
+
+
+SA_MISSING = (
+    'Error creating: pods "app-up-x" is forbidden: error looking up service account '
+    'team/deployer: serviceaccount "deployer" not found'
+)
+
+
+def test_a_job_that_cannot_create_its_pod_fails_within_seconds_with_the_servers_words() -> None:
+    world = World({**GIT_SPEC, "serviceAccountName": "deployer"})
+    assert world.step().create_job is not None
+    name = world.current_job()
+    world.jobs[name]["metadata"]["creationTimestamp"] = rfc3339(world.now)
+    world.advance(3)
+    assert world.step().requeue_after == 7  # look for FailedCreate once the grace is over
+    world.advance(7)
+    assert world.step().requeue_after == 20  # none recorded yet: look again later
+    world.pod_creation_failures = {name: SA_MISSING}
+    result = world.step()
+    last = world.status["lastUpdate"]
+    assert last["state"] == "failed" and last["name"] == name
+    assert 'serviceaccount "deployer" not found' in last["message"]
+    assert "spec.serviceAccountName" in last["message"]
+    assert [d.name for d in result.delete_jobs] == [name]
+    assert name not in world.jobs
+    assert world.condition("Reconciling")["reason"] == "RetryingAfterFailure"
+    assert result.requeue_after == 10
+    assert [e.reason for e in result.events] == ["StackUpdateFailure"]
+
+
+def test_a_job_whose_pod_exists_is_never_failed_for_pod_creation() -> None:
+    world = World()
+    world.step()
+    name = world.current_job()
+    world.jobs[name]["status"]["active"] = 1
+    world.pod_creation_failures = {name: "Error creating: quota exceeded (an earlier attempt)"}
+    world.advance(600)
+    result = world.step()
+    assert "lastUpdate" not in world.status and not result.delete_jobs
+    assert result.requeue_after is None
 
 
 def test_completed_job_without_result_is_a_failure() -> None:

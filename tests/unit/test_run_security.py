@@ -349,7 +349,13 @@ class _CountingPoller(GitPoller):
         super().__init__(None, 60.0, lambda key: None)  # type: ignore[arg-type]
         self.asked: list[PollKey] = []
 
-    def head(self, stack: StackKey, key: PollKey, resync_seconds: float | None = None) -> Any:
+    def head(
+        self,
+        stack: StackKey,
+        key: PollKey,
+        resync_seconds: float | None = None,
+        fresh_for: object | None = None,
+    ) -> Any:
         self.asked.append(key)
         return SourceHead()
 
