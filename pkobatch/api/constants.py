@@ -61,6 +61,9 @@ RECONCILING_PROCESSING_REASON: Final = "StackProcessing"
 RECONCILING_RETRY_REASON: Final = "RetryingAfterFailure"
 RECONCILING_PREVIEW_FAILED_REASON: Final = "PreviewFailed"
 RECONCILING_PREREQUISITE_REASON: Final = "PrerequisiteNotSatisfied"
+# pkobatch: the Program or Flux source the Stack names is missing or not ready yet; the
+# Stack runs as soon as it is (no failure is counted while waiting).
+RECONCILING_WAITING_FOR_SOURCE_REASON: Final = "WaitingForSource"
 # Stalled reasons.
 STALLED_SPEC_INVALID_REASON: Final = "SpecInvalid"
 STALLED_SOURCE_UNAVAILABLE_REASON: Final = "SourceUnavailable"

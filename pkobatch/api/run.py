@@ -61,6 +61,16 @@ class GitAuthEnv(_Model):
     ssh_passphrase_env: str | None = Field(default=None, alias="sshPassphraseEnv")
 
 
+class ProgramSnapshot(_Model):
+    """A ``Program`` as the controller observed it, rendered: the run uses exactly this."""
+
+    name: str
+    # The Program's generation; reported as the run's commit.
+    revision: str
+    # The rendered Pulumi.yaml (``pkobatch.api.program.render_project``).
+    project: str
+
+
 class RunSnapshot(_Model):
     schema_version: Literal["pkobatch.io/run-snapshot/v1"] = Field(
         default=SNAPSHOT_SCHEMA_VERSION, alias="schemaVersion"
@@ -86,6 +96,9 @@ class RunSnapshot(_Model):
     # Hosts to which git credentials may go over plain http:// (the operator's
     # PKOBATCH_INSECURE_HTTP_GIT_HOSTS); the runner refuses every other http:// host.
     insecure_http_git_hosts: list[str] = Field(default_factory=list, alias="insecureHttpGitHosts")
+    # spec.programRef: the Program to run (None when the Program was gone at Job creation:
+    # only a destroy from the stack's state can then run).
+    program: ProgramSnapshot | None = None
     # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
     result_config_map: str = Field(default="", alias="resultConfigMap")
 

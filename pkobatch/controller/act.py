@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from pkobatch.api.constants import (
@@ -24,11 +25,13 @@ from pkobatch.api.constants import (
     FINALIZER,
     RECONCILE_REQUEST_ANNOTATION,
 )
+from pkobatch.api.program import program_artifact
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.plan import Plan
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
+    PROGRAMS,
     STACKS,
     AlreadyExists,
     Forbidden,
@@ -92,6 +95,32 @@ class Actor:
             if exc.status == 422:
                 raise JobRejected(exc.message) from exc
             raise
+
+    def record_program_artifact(self, program: Mapping[str, Any], now: datetime) -> None:
+        """Keep a Program's ``status.artifact`` at its current generation (PKO's
+        program-controller does the same; see ``pkobatch.api.program``)."""
+        meta = program.get("metadata") or {}
+        generation = meta.get("generation")
+        if (program.get("status") or {}).get("observedGeneration") == generation:
+            return
+        try:
+            artifact = program_artifact(program, now)
+        except ValueError:
+            return  # not a valid program: the Stacks using it report why
+        with contextlib.suppress(NotFound):
+            self._kube.merge_patch(
+                PROGRAMS,
+                str(meta.get("name")),
+                {
+                    "status": {
+                        "artifact": artifact.to_manifest(),
+                        "observedGeneration": generation,
+                    }
+                },
+                str(meta.get("namespace")),
+                subresource="status",
+                field_manager=FIELD_MANAGER_CONTROLLER,
+            )
 
     def apply(self, stack: Mapping[str, Any], plan: Plan) -> None:
         """Everything in ``plan`` except the Job creation (see ``create_job``)."""

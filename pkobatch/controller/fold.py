@@ -236,11 +236,21 @@ def cancelled_outcome(job_name: str, request: str, now: datetime) -> Outcome:
     return Outcome("failed", "Cancelled", f"run {job_name} was cancelled ({request})", now)
 
 
+_ABBREVIATED_SHA: Final = re.compile(r"[0-9a-f]{7,40}")
+
+
 def same_commit(first: str, second: str) -> bool:
-    """Equal revisions; an abbreviated SHA (spec.commit) matches its full form."""
-    if not first or not second:
-        return first == second
-    return first.startswith(second) or second.startswith(first)
+    """Equal revisions; an abbreviated SHA (spec.commit) matches its full form. Other
+    revisions (a Program's generation, a Flux artifact revision) match only exactly:
+    generation 1 is not generation 12."""
+    if first == second:
+        return True
+    shorter, longer = sorted((first, second), key=len)
+    return (
+        bool(_ABBREVIATED_SHA.fullmatch(shorter))
+        and bool(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", longer))
+        and longer.startswith(shorter)
+    )
 
 
 def same_attempt_key(previous: Mapping[str, Any], run: Run) -> bool:

@@ -67,7 +67,15 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.pod_security import Level, Violation, check_pod
-from pkobatch.api.run import GitAuthEnv, ProjectInfo, RunSnapshot, StackRef, ValueFromEnv
+from pkobatch.api.program import program_revision, render_project
+from pkobatch.api.run import (
+    GitAuthEnv,
+    ProgramSnapshot,
+    ProjectInfo,
+    RunSnapshot,
+    StackRef,
+    ValueFromEnv,
+)
 from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
 
@@ -380,6 +388,7 @@ def build_snapshot(
     project_info: ProjectInfo | None,
     config_from_env: dict[str, ValueFromEnv],
     git_auth: GitAuthEnv | None,
+    program: Mapping[str, Any] | None = None,
 ) -> RunSnapshot:
     meta = stack.get("metadata") or {}
     manifest = spec.to_manifest()
@@ -397,8 +406,21 @@ def build_snapshot(
         project_info=project_info,
         config_from_env=config_from_env,
         git_auth=git_auth,
+        program=program_snapshot(program) if program is not None else None,
         result_config_map=name,
     )
+
+
+def program_snapshot(program: Mapping[str, Any]) -> ProgramSnapshot:
+    """The observed Program, rendered for the run (``JobBuildError`` when it cannot be)."""
+    name = str((program.get("metadata") or {}).get("name") or "")
+    try:
+        project = render_project(name, program.get("program") or {})
+    except ValueError as exc:
+        raise JobBuildError(
+            f"Program {name} is not a valid Pulumi YAML program: {exc}; fix the Program"
+        ) from None
+    return ProgramSnapshot(name=name, revision=program_revision(program), project=project)
 
 
 def _pulumi_container(pod_spec: JSON) -> JSON:
@@ -422,11 +444,14 @@ def build_job(
     template: Mapping[str, Any],
     project_info: ProjectInfo | None = None,
     insecure_http_git_hosts: Sequence[str] = (),
+    program: Mapping[str, Any] | None = None,
 ) -> JSON:
     """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``).
 
     ``insecure_http_git_hosts`` are the hosts to which the operator lets git credentials
-    travel over plain ``http://`` (``Settings.insecure_http_git_hosts``).
+    travel over plain ``http://`` (``Settings.insecure_http_git_hosts``). ``program`` is the
+    observed ``Program`` of a Stack with ``spec.programRef``; it is rendered into the
+    snapshot, so the run uses exactly that version.
     """
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
@@ -437,7 +462,14 @@ def build_job(
     workspace_env = copy.deepcopy((workspace.env if workspace else None) or [])
     environment = _environment(spec, workspace_env)
     snapshot = build_snapshot(
-        stack, spec, run, name, project_info, environment.config_from_env, environment.git_auth
+        stack,
+        spec,
+        run,
+        name,
+        project_info,
+        environment.config_from_env,
+        environment.git_auth,
+        program if spec.program_ref is not None else None,
     )
     annotations = {JOB_STACK_UID_ANNOTATION: uid, RUN_ANNOTATION: run.to_annotation()}
     if labels[STACK_LABEL] != stack_name:

@@ -34,7 +34,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.config import Settings
 from pkobatch.controller.fold import job_finished, job_without_pod
-from pkobatch.controller.plan import Observed, run_refusal
+from pkobatch.controller.plan import Observed, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -157,6 +157,7 @@ class Observer:
 
         return Observed(
             stack=stack,
+            source_object=self._source_object(key.namespace, spec),
             jobs=list(jobs.values()),
             results=results,
             now=now,
@@ -165,6 +166,14 @@ class Observer:
             namespace_terminating=self._namespace_terminating(stack),
             pod_creation_failures=pod_creation_failures,
         )
+
+    def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:
+        """The Program named in spec.programRef, from the store (None: no such field)."""
+        reference = spec.get("programRef")
+        if not isinstance(reference, Mapping) or not reference.get("name"):
+            return None
+        name = str(reference["name"])
+        return SourceObject("Program", name, self._stores.programs.get(namespace, name))
 
     def _may_poll(self, stack: Mapping[str, Any]) -> bool:
         """Only a Stack that could run gets its branch polled (with its git credentials)."""

@@ -64,6 +64,7 @@ from pkobatch.api.constants import (
     RECONCILING_PREVIEW_FAILED_REASON,
     RECONCILING_PROCESSING_REASON,
     RECONCILING_RETRY_REASON,
+    RECONCILING_WAITING_FOR_SOURCE_REASON,
     STALLED_DESTROY_HELD_REASON,
     STALLED_NAMESPACE_TERMINATING_REASON,
     STALLED_RECONCILE_ERROR_REASON,
@@ -76,6 +77,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
+from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, SpecCheck, StackSpec, load_stack_spec
 from pkobatch.config import Settings
@@ -149,6 +151,15 @@ class SourceHead:
 
 
 @dataclass(frozen=True)
+class SourceObject:
+    """The Program (or Flux source) a Stack names; ``obj`` None: it does not exist."""
+
+    kind: str
+    name: str
+    obj: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything ``plan`` may look at, read from the stores (and a few live reads)."""
 
@@ -159,6 +170,8 @@ class Observed:
     now: datetime
     # For a Stack tracking a branch; None when the Stack tracks none.
     source: SourceHead | None = None
+    # For a Stack with spec.programRef (or spec.fluxSource): the object it names.
+    source_object: SourceObject | None = None
     # The Stacks named in spec.prerequisites (None: does not exist).
     prerequisites: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     namespace_terminating: bool = False
@@ -586,6 +599,7 @@ class _Planner:
                 self.template,
                 project_info,
                 insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
+                program=self.obs.source_object.obj if self.obs.source_object else None,
             )
         except JobBuildError as exc:
             self._stalled(STALLED_SPEC_INVALID_REASON, str(exc), EVENT_CONFIG_INVALID)
@@ -748,6 +762,9 @@ class _Planner:
         if isinstance(commit, _SourceError):
             self._stalled(STALLED_SOURCE_UNAVAILABLE_REASON, commit.message)
             return
+        if isinstance(commit, _Waiting):
+            self._reconciling(RECONCILING_WAITING_FOR_SOURCE_REASON, commit.message)
+            return
         assert commit is None or isinstance(commit, str)
         if self._held():
             return
@@ -775,8 +792,11 @@ class _Planner:
         self.conditions = remove_condition(self.conditions, CONDITION_RECONCILING)
         self.conditions = remove_condition(self.conditions, CONDITION_STALLED)
 
-    def _commit(self, spec: StackSpec) -> str | _SourceError | _Pending | None:
-        """The revision to deploy: spec.commit, the polled branch head, or None (unknown)."""
+    def _commit(self, spec: StackSpec) -> str | _SourceError | _Pending | _Waiting | None:
+        """The revision to deploy: spec.commit, the polled branch head, the Program's
+        generation, or None (unknown)."""
+        if spec.program_ref is not None:
+            return self._program_revision(spec.program_ref.name)
         if not spec.project_repo:
             return None
         if spec.commit:
@@ -789,6 +809,16 @@ class _Planner:
                 f"cannot read branch {spec.branch} of {spec.project_repo}: {head.error}"
             )
         return head.commit
+
+    def _program_revision(self, name: str) -> str | _Waiting:
+        source = self.obs.source_object
+        program = source.obj if source is not None and source.name == name else None
+        if program is None:
+            return _Waiting(
+                f"Program {name} does not exist in namespace {self.namespace}; "
+                "the Stack runs as soon as it is created"
+            )
+        return program_revision(program)
 
     def _held(self) -> bool:
         """After a requested destroy, nothing runs until the spec changes or `up` is asked."""
@@ -1142,6 +1172,13 @@ _PENDING: Final = _Pending()
 
 @dataclass(frozen=True)
 class _SourceError:
+    message: str
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """The source object is missing or not ready: wait for its watch event, count nothing."""
+
     message: str
 
 

@@ -232,6 +232,9 @@ class StackReconciler:
                 if isinstance(p, Mapping) and p.get("name")
             ],
         )
+        source = observed.source_object
+        if source is not None and source.kind == "Program" and source.obj is not None:
+            self._actor.record_program_artifact(source.obj, observed.now)
         result = plan(observed, self._settings, self._template)
         if result.error:
             log.error("planning stack %s failed (a bug): %s", key, result.error)

@@ -67,6 +67,7 @@ class Resource:
 
 
 STACKS: Final = Resource("pulumi.com", "v1", "stacks", "Stack")
+PROGRAMS: Final = Resource("pulumi.com", "v1", "programs", "Program")
 JOBS: Final = Resource("batch", "v1", "jobs", "Job")
 PODS: Final = Resource("", "v1", "pods", "Pod")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
@@ -97,6 +98,7 @@ _BY_KIND: Final = {
     (r.api_version, r.kind): r
     for r in (
         STACKS,
+        PROGRAMS,
         JOBS,
         PODS,
         CONFIGMAPS,

@@ -34,6 +34,11 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("pulumi.com", "stacks/status", "patch"),
     # Owner references with blockOwnerDeletion need update on the owner's finalizers.
     ("pulumi.com", "stacks/finalizers", "update"),
+    # Programs named in spec.programRef (watched; status.artifact kept like PKO's).
+    ("pulumi.com", "programs", "get"),
+    ("pulumi.com", "programs", "list"),
+    ("pulumi.com", "programs", "watch"),
+    ("pulumi.com", "programs/status", "patch"),
     # One Job per run.
     ("batch", "jobs", "get"),
     ("batch", "jobs", "list"),

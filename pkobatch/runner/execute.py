@@ -332,11 +332,13 @@ def _fetch_source(
                 f"{run.commit}",
             )
         return load_project(directory)
+    if kind == "program":
+        return _program_source(run, spec, private)
     if kind != "none":
         raise RunFailure(
             "InvalidSpec",
-            f"spec.{'fluxSource' if kind == 'flux' else 'programRef'} is not supported by this "
-            "runner: use spec.projectRepo or a program baked into the image",
+            "spec.fluxSource is not supported by this runner: use spec.projectRepo, "
+            "spec.programRef or a program baked into the image",
         )
     template = spec.workspace_template.spec if spec.workspace_template else None
     local_dir = template.local.dir if template and template.local else None
@@ -348,6 +350,23 @@ def _fetch_source(
         )
     run.log.step(f"using the program in {local_dir}")
     return load_project(copy_program(Path(local_dir), private / "program"))
+
+
+def _program_source(run: _Run, spec: StackSpec, private: Path) -> Project:
+    """The Program the controller rendered into the snapshot, written as a YAML project."""
+    program = run.snapshot.program
+    assert spec.program_ref is not None
+    if program is None:
+        raise RunFailure(
+            "SourceUnavailable",
+            f"Program {spec.program_ref.name} did not exist when this run was created",
+        )
+    directory = private / "program"
+    directory.mkdir(mode=0o700)
+    (directory / "Pulumi.yaml").write_text(program.project)
+    run.commit = program.revision
+    run.log.step(f"using Program {program.name} at generation {program.revision}")
+    return load_project(directory)
 
 
 def _pulumi_env(spec: StackSpec) -> dict[str, str]:

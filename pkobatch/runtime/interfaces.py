@@ -68,7 +68,8 @@ class Enqueuer(Protocol):
 
 @dataclass
 class Stores:
-    """The watched objects: Stacks, and the Jobs and ConfigMaps labelled managed-by pkobatch.
+    """The watched objects: Stacks, the Jobs and ConfigMaps labelled managed-by pkobatch,
+    and the Programs Stacks may name in ``spec.programRef``.
 
     ``jobs.for_stack(namespace, stack_name)`` and ``configmaps.for_stack(...)`` give a Stack's
     own objects.
@@ -77,6 +78,7 @@ class Stores:
     stacks: Store
     jobs: Store
     configmaps: Store
+    programs: Store
 
 
 ReconcilerFactory = Callable[["Kube", Stores, "Settings", "Metrics", Enqueuer], Reconciler]

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from pkobatch.api.constants import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.config import Settings
-from pkobatch.kube.client import CONFIGMAPS, JOBS, STACKS, Kube, Resource
+from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, Kube, Resource
 from pkobatch.runtime.health import HttpEndpoints, Response, health_routes
 from pkobatch.runtime.interfaces import ReconcilerFactory, Service, StackKey, Stores
 from pkobatch.runtime.leader import LeaderElector
@@ -59,6 +59,9 @@ def default_lease_namespace() -> str:
         return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
     except OSError:
         return "default"
+
+
+EventHandler = Callable[[JSON | None, JSON | None], None]
 
 
 class QueueEnqueuer:
@@ -94,7 +97,7 @@ class Manager:
         self._resync_period = resync_period
         self._stop = threading.Event()
         self._stopping = False
-        self.stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+        self.stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
         self.queue: WorkQueue[StackKey] = WorkQueue(metrics=self.metrics.queue_hooks())
         self.metrics.track_queue(self.queue)
         self.metrics.track_stores(self.stores)
@@ -104,18 +107,19 @@ class Manager:
         self.reflectors: list[Reflector] = []
         namespaces: list[str | None] = [*settings.namespaces] or [None]
         for namespace in namespaces:
-            watched: list[tuple[Resource, Store, str]] = [
-                (STACKS, self.stores.stacks, settings.label_selector),
-                (JOBS, self.stores.jobs, MANAGED_SELECTOR),
-                (CONFIGMAPS, self.stores.configmaps, MANAGED_SELECTOR),
+            watched: list[tuple[Resource, Store, str, EventHandler]] = [
+                (STACKS, self.stores.stacks, settings.label_selector, self._stack_changed),
+                (JOBS, self.stores.jobs, MANAGED_SELECTOR, self._child_changed),
+                (CONFIGMAPS, self.stores.configmaps, MANAGED_SELECTOR, self._child_changed),
+                (PROGRAMS, self.stores.programs, "", self._program_changed),
             ]
-            for resource, store, selector in watched:
+            for resource, store, selector, handler in watched:
                 self.reflectors.append(
                     Reflector(
                         kube,
                         resource,
                         store,
-                        self._stack_changed if resource is STACKS else self._child_changed,
+                        handler,
                         namespace=namespace,
                         label_selector=selector,
                         metrics=self.metrics,
@@ -181,6 +185,23 @@ class Manager:
                 keys.add(StackKey(namespace, stack_name))
         for key in keys:
             self.queue.add(key)
+
+    def _program_changed(self, old: JSON | None, new: JSON | None) -> None:
+        """A Program event wakes every Stack of its namespace that names it."""
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        for stack in self.stores.stacks.list_objects():
+            stack_meta = stack.get("metadata") or {}
+            reference = (stack.get("spec") or {}).get("programRef") or {}
+            if (
+                stack_meta.get("namespace") == namespace
+                and isinstance(reference, dict)
+                and reference.get("name") == name
+            ):
+                self.queue.add(StackKey(namespace, str(stack_meta.get("name", ""))))
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from pkobatch.api.constants import ABANDON_ANNOTATION, FINALIZER, OPERATION_LABE
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.controller.fold import parse_time
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import EVENTS, JOBS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import EVENTS, JOBS, PROGRAMS, SECRETS, STACKS, Kube
 
 JSON = dict[str, Any]
 
@@ -464,3 +464,37 @@ def test_a_duration_too_long_for_the_controller_stalls_the_stack_instead_of_loop
     message = condition(stack, "Stalled")["message"]
     assert "succeededWithinDuration" in message and "too long" in message
     assert "OverflowError" not in controller.log_text()
+
+
+def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    """A missing Program: Reconciling without a failure; once created (its watch event,
+    no polling), status.artifact is kept and the Stack's run carries that generation."""
+    apply_stack(kube, namespace, "uses-program", {"stack": "dev", "programRef": {"name": "web"}})
+    stack = wait_stack(
+        kube,
+        namespace,
+        "uses-program",
+        lambda s: condition(s, "Reconciling").get("reason") == "WaitingForSource",
+        timeout=60,
+    )
+    assert "Program web does not exist" in condition(stack, "Reconciling")["message"]
+    assert "lastUpdate" not in stack["status"] and not condition(stack, "Stalled")
+    program = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Program",
+        "metadata": {"name": "web", "namespace": namespace},
+        "program": {"variables": {"greeting": "hello"}, "outputs": {"greeting": "${greeting}"}},
+    }
+    kube.create(PROGRAMS, program, namespace)
+    stack = wait_stack(
+        kube, namespace, "uses-program", lambda s: bool(s["status"].get("currentUpdate"))
+    )
+    assert stack["status"]["currentUpdate"]["commit"] == "1"
+    stored = kube.get(PROGRAMS, "web", namespace)
+    artifact = stored["status"]["artifact"]
+    assert stored["status"]["observedGeneration"] == 1
+    assert artifact["revision"] == "1"
+    assert artifact["digest"].startswith("sha256:") and artifact["size"] > 0
+    assert artifact["url"].endswith(f"/namespaces/{namespace}/programs/web")

@@ -359,7 +359,7 @@ def observer_world(current: str, jobs: list[dict[str, Any]], live: LiveReads) ->
     from pkobatch.runtime.interfaces import Stores
     from pkobatch.runtime.store import Store
 
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
     stores.stacks.upsert(
         {
             "apiVersion": "pulumi.com/v1",

@@ -184,6 +184,10 @@ def test_helpers() -> None:
     assert not same_commit("abc", "abd")
     assert same_commit("", "")
     assert not same_commit("", "abc")
+    # Program generations and Flux revisions match only exactly.
+    assert not same_commit("1", "12")
+    assert not same_commit("main@sha1:abc1234", "main@sha1:abc1234ff")
+    assert same_commit("7", "7")
     assert parse_time("2026-02-01T08:00:00Z") == NOW
     assert parse_time("garbage") is None
 

@@ -138,6 +138,7 @@ def test_cluster_wide_install_contains_crd_controller_and_rbac(install: str) -> 
     assert kinds(rendered(install)) >= CONTROLLER_OBJECTS | {
         ("Namespace", SYSTEM_NAMESPACE),
         ("CustomResourceDefinition", "stacks.pulumi.com"),
+        ("CustomResourceDefinition", "programs.pulumi.com"),
         ("ClusterRole", "pkobatch-controller"),
         ("ClusterRoleBinding", "pkobatch-controller"),
         ("ClusterRole", "pkobatch-runner"),
@@ -156,14 +157,24 @@ def test_namespaced_install_has_no_cluster_scoped_objects() -> None:
     assert [o["kind"] for o in objects if o["kind"] in CLUSTER_SCOPED_KINDS] == []
 
 
-def test_crds_directory_installs_only_the_crd() -> None:
+def test_crds_directory_installs_only_the_crds() -> None:
     """What a cluster admin applies before namespaced installs (`kubectl apply -k crds/`)."""
-    assert kinds(kustomize(REPO / "crds")) == {("CustomResourceDefinition", "stacks.pulumi.com")}
+    assert kinds(kustomize(REPO / "crds")) == {
+        ("CustomResourceDefinition", "stacks.pulumi.com"),
+        ("CustomResourceDefinition", "programs.pulumi.com"),
+    }
 
 
-def test_crd_is_the_generated_one_from_crds_directory() -> None:
-    generated = yaml.safe_load((REPO / "crds" / "pulumi.com_stacks.yaml").read_text())
-    installed = only(rendered("base"), "CustomResourceDefinition")
+@pytest.mark.parametrize(
+    ("file", "name"),
+    [
+        ("pulumi.com_stacks.yaml", "stacks.pulumi.com"),
+        ("pulumi.com_programs.yaml", "programs.pulumi.com"),
+    ],
+)
+def test_crd_is_the_generated_one_from_crds_directory(file: str, name: str) -> None:
+    generated = yaml.safe_load((REPO / "crds" / file).read_text())
+    installed = only(rendered("base"), "CustomResourceDefinition", name)
     assert installed["spec"] == generated["spec"]
 
 

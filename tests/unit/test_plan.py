@@ -25,7 +25,7 @@ from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
 from pkobatch.config import Settings
 from pkobatch.controller.jobs import Run, builtin_template
-from pkobatch.controller.plan import Observed, Plan, SourceHead, plan
+from pkobatch.controller.plan import Observed, Plan, SourceHead, SourceObject, plan
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SHA1 = "1" * 40
@@ -71,6 +71,7 @@ class World:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self.source: SourceHead | None = SourceHead(commit=head)
+        self.source_object: SourceObject | None = None
         self.prerequisites: dict[str, dict[str, Any] | None] = {}
         self.slot_available = True
         self.namespace_terminating = False
@@ -95,6 +96,7 @@ class World:
             results=copy.deepcopy(self.results),
             now=self.now,
             source=self.source,
+            source_object=self.source_object,
             prerequisites=self.prerequisites,
             namespace_terminating=self.namespace_terminating,
             slot_available=self.slot_available,

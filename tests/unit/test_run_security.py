@@ -370,7 +370,7 @@ class _CountingPoller(GitPoller):
     ],
 )
 def test_only_stacks_that_could_run_are_polled(spec: dict[str, Any], polled: bool) -> None:
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
     git = {"projectRepo": "https://g/r.git", "branch": "main", "gitAuth": BASIC_AUTH}
     stores.stacks.upsert(stack({**git, **spec}))
     poller = _CountingPoller()

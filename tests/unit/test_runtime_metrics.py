@@ -31,7 +31,7 @@ def job(name: str, finished: str | None) -> Any:
 
 def test_stack_info_and_active_jobs_follow_the_stores() -> None:
     metrics = Metrics()
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
     metrics.track_stores(stores)
     stores.stacks.upsert(stack("a", ready="True", reason="ProcessingCompleted"))
     stores.stacks.upsert(stack("b", ready=None, suspend=True))
