@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine: Debian packages, the project virtualenv, and the real test
 # binaries (scripts/tools.sh, cached by version). Idempotent; every step says what it does.
+#
+#   scripts/bootstrap.sh                      everything the tests need
+#   scripts/bootstrap.sh etcd kubernetes ...  only the named scripts/tools.sh components
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,5 +32,5 @@ say "installing pkobatch and its development tools into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 
-say "building (or reusing) etcd, kube-apiserver, kube-controller-manager and the Pulumi CLI"
-bash scripts/tools.sh
+say "building (or reusing) ${*:-etcd, kube-apiserver, kube-controller-manager, the Pulumi CLI, its YAML host and the Kubernetes provider}"
+bash scripts/tools.sh "$@"

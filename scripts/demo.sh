@@ -4,5 +4,6 @@
 # Pulumi Stack end to end (up, refresh, destroy) and print its status and outputs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/bootstrap.sh
+# The demo's program is Python with dynamic providers: no YAML host, no Kubernetes provider.
+bash scripts/bootstrap.sh etcd kubernetes pulumi
 exec .venv/bin/pkobatch dev demo "$@"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
-# kube-controller-manager, the Pulumi CLI and Python language host) from the Go module
-# proxy into a cache directory keyed by name and version. Idempotent: a component whose
-# stamp file exists is reused. Versions are pinned in pkobatch/dev/versions.env.
+# kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
+# the Kubernetes provider) from the Go module proxy into a cache directory keyed by name and
+# version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
+# pkobatch/dev/versions.env.
 #
-#   scripts/tools.sh          build what is missing, print the directories
+#   scripts/tools.sh          build everything that is missing
+#   scripts/tools.sh yaml kubernetes_provider
+#                             build only the named components (etcd kubernetes pulumi yaml
+#                             kubernetes_provider)
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -133,8 +137,59 @@ build_pulumi() {
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
 }
 
-want=${*:-etcd kubernetes pulumi}
+build_yaml() {
+  local V=$PULUMI_YAML_VERSION out="$TOOLS/yaml-$PULUMI_YAML_VERSION"
+  if [ -f "$out/.stamp" ]; then say "pulumi-language-yaml $V: cached in $out"; return; fi
+  # A module of its own: pulumi-yaml requires its own pulumi pkg/sdk versions, which must not
+  # move the CLI's pin.
+  local w; w=$(mktemp -d); cd "$w"
+    step="yaml: resolve modules"; say "pulumi-language-yaml $V: resolving modules"
+    go mod init pkobatch-tools/yaml >/dev/null 2>&1
+    go get -tool "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@$V"
+    step="yaml: build"; say "pulumi-language-yaml $V: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace \
+      -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=$V" \
+      -o "$out.tmp/pulumi-language-yaml" github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml
+  cd "$here"; rm -rf "$w"
+  step="yaml: verify"; [ -x "$out.tmp/pulumi-language-yaml" ]
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "pulumi-language-yaml $V: built in $out"
+}
+
+build_kubernetes_provider() {
+  local M=$KUBERNETES_PROVIDER_MODULE_VERSION V=$KUBERNETES_PROVIDER_VERSION
+  local out="$TOOLS/kubernetes_provider-$KUBERNETES_PROVIDER_MODULE_VERSION"
+  if [ -f "$out/.stamp" ]; then say "pulumi-resource-kubernetes $V: cached in $out"; return; fi
+  local w src; w=$(mktemp -d); cd "$w"
+    step="kubernetes_provider: download"; say "pulumi-resource-kubernetes $V: downloading module $M"
+    src=$(go mod download -json "github.com/pulumi/pulumi-kubernetes/provider/v4@$M" \
+      | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+    # The module replaces its SDK with ../sdk (absent from the module zip) and its command
+    # embeds schema files that generate.go writes: build from a writable copy.
+    cp -r "$src" "$w/provider"; chmod -R u+w "$w/provider"; cd "$w/provider"
+    go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4 \
+      -require="github.com/pulumi/pulumi-kubernetes/sdk/v4@$KUBERNETES_PROVIDER_SDK_VERSION"
+    go mod download github.com/pulumi/pulumi-kubernetes/sdk/v4
+    go mod tidy
+    step="kubernetes_provider: generate schema"; say "pulumi-resource-kubernetes $V: writing the embedded schema"
+    (cd cmd/pulumi-resource-kubernetes && VERSION=$V go run generate.go)
+    step="kubernetes_provider: build"; say "pulumi-resource-kubernetes $V: building (about 7 minutes on 2 cores)"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$V" \
+      -o "$out.tmp/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes
+  cd "$here"; rm -rf "$w"
+  step="kubernetes_provider: verify"; [ -x "$out.tmp/pulumi-resource-kubernetes" ]
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "pulumi-resource-kubernetes $V: built in $out"
+}
+
+want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
-for t in $want; do "build_$t"; done
+for t in $want; do
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider)" >&2; exit 2; }
+  "build_$t"
+done
 step=""
 say "done in $(( $(date +%s) - start ))s; tools in $TOOLS ($(du -sh "$TOOLS" | cut -f1))"

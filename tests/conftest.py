@@ -15,7 +15,9 @@ controller's pods as local processes, with ``crds/`` installed.
     cluster.pod_logs        ApiPodLogs: pods/log through the API server, which the node
                                    agent serves as a kubelet does (pkobatch.kube.logs)
     cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
-                                   ``tools.pulumi`` is None when Pulumi is not built
+                                   ``tools.pulumi`` (``.yaml``, ``.kubernetes_provider``) is
+                                   None when not built; the node agent's pods get
+                                   ``tools.pulumi_path()`` first on PATH
     cluster.agent           NodeAgent
     cluster.pulumi_image    str    a stock Pulumi image (the CLI, no pkobatch): its pods get
                                    the Pulumi bin dir on PATH but not this interpreter's
@@ -38,7 +40,9 @@ HTTP basic auth. It accepts two kinds of credentials:
 It is plain http on loopback, so pkobatch sends it credentials only with the opt-in
 ``PKOBATCH_INSECURE_HTTP_GIT_HOSTS=127.0.0.1`` (tests/controller_harness.py sets it).
 
-``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI.
+``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI. ``yaml_host`` and
+``kubernetes_provider`` -> Path: the bin dirs of ``pulumi-language-yaml`` and
+``pulumi-resource-kubernetes`` (requiring them; both are on ``pulumi_env``'s PATH when built).
 
 ``all_tools`` -> ``Tools``: etcd, Kubernetes and Pulumi, all built (for tests that start their
 own environment with ``pkobatch dev``).
@@ -68,6 +72,19 @@ Config ``directory`` (required; where the files go), ``files`` (count, default 2
 ``token``. ``sleep`` (sleepSeconds defaults to 600), ``many-outputs`` (outputCount defaults to
 300) and ``syntax-error`` are variants.
 
+``yaml``: a YAML program, no provider. Config ``greeting`` (default "hello"), ``count``
+(default 2), ``token`` (default "default-secret-token"). Outputs ``message`` ("<greeting> from
+YAML"), ``count``, ``greetings`` (["<greeting> 1", "<greeting> 2"]) and the secret ``token``.
+
+``k8s-yaml`` and ``k8s-python``: the same Kubernetes objects through the Kubernetes provider
+(YAML; Python with ``pulumi_kubernetes`` from its requirements.txt). Config ``namespace``
+(required), ``app`` (default "pkobatch-test-app"), ``message`` (default "hello"). They create
+ConfigMap ``<app>-settings`` (data ``message``) and Deployment ``<app>`` (skipAwait: no
+Deployment controller runs here), both labelled ``app.kubernetes.io/name: <app>`` and
+``pkobatch.io/test-program: <program>``. Outputs ``configMap``, ``deployment``, ``message``.
+
+``nodejs``: a Node.js program (``runtime: nodejs``), for machines without its language host.
+
 Missing binaries: with ``CI=true`` a test needing them fails; locally it is skipped with
 the command that builds them.
 """
@@ -92,11 +109,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pkobatch.dev import processes
 from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
 from pkobatch.dev.node_agent import NodeAgent
-from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
+from pkobatch.dev.tools import (
+    PULUMI_PLUGINS,
+    Component,
+    Tools,
+    ToolsMissing,
+    available_tools,
+    find_tools,
+)
 from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
 from pkobatch.kube.logs import ApiPodLogs
 
@@ -178,15 +203,14 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tools = require_tools(("etcd", "kubernetes"))
-    with contextlib.suppress(ToolsMissing):
-        tools = find_tools(("etcd", "kubernetes", "pulumi"))
+    require_tools(("etcd", "kubernetes"))
+    tools = available_tools()
     processes.exit_on_termination_signals()
     state = tmp_path_factory.mktemp("cluster")
     control_plane = ControlPlane(state, tools, crds_dir=default_crds_dir())
     control_plane.start()
     kube = control_plane.admin()
-    pulumi_path = [str(tools.pulumi)] if tools.pulumi else []
+    pulumi_path = tools.pulumi_path()
     agent = NodeAgent(
         kube,
         server=control_plane.server,
@@ -443,13 +467,22 @@ class GitRepo:
         return self.commit
 
 
+def _is_variant(name: str) -> bool:
+    """A Python program without a ``__main__.py`` of its own shares the base program's."""
+    project = yaml.safe_load((PROGRAMS / name / "Pulumi.yaml").read_text())
+    runtime = project.get("runtime")
+    runtime_name = runtime.get("name") if isinstance(runtime, dict) else runtime
+    return runtime_name == "python" and not (PROGRAMS / name / "__main__.py").is_file()
+
+
 def copy_program(name: str, destination: Path) -> Path:
-    """A test program: variants are their own files overlaid on the base program."""
+    """A test program: variants (see ``_is_variant``) are their own files overlaid on the base
+    program; every other program is copied as it is."""
     if not (PROGRAMS / name).is_dir():
         raise ValueError(f"no test program {name!r} in {PROGRAMS}")
-    shutil.copytree(PROGRAMS / BASE_PROGRAM, destination, dirs_exist_ok=True)
-    if name != BASE_PROGRAM:
-        shutil.copytree(PROGRAMS / name, destination, dirs_exist_ok=True)
+    if name == BASE_PROGRAM or _is_variant(name):
+        shutil.copytree(PROGRAMS / BASE_PROGRAM, destination, dirs_exist_ok=True)
+    shutil.copytree(PROGRAMS / name, destination, dirs_exist_ok=True)
     for cache in destination.rglob("__pycache__"):
         shutil.rmtree(cache)
     return destination
@@ -487,6 +520,19 @@ def pulumi_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def yaml_host(pulumi_bin: Path) -> Path:
+    """The bin dir of ``pulumi-language-yaml`` (``pulumi_env`` puts it on PATH)."""
+    return require_tools(("yaml",)).bin_dir("yaml")
+
+
+@pytest.fixture(scope="session")
+def kubernetes_provider(yaml_host: Path) -> Path:
+    """The bin dir of ``pulumi-resource-kubernetes`` (an ambient plugin on ``pulumi_env``'s
+    and the node agent's PATH); the test programs using it are YAML and Python."""
+    return require_tools(("kubernetes_provider",)).bin_dir("kubernetes_provider")
+
+
+@pytest.fixture(scope="session")
 def all_tools() -> Tools:
     """Every built component, for tests that start their own environment (``pkobatch dev``)."""
     return require_tools(("etcd", "kubernetes", "pulumi"))
@@ -509,8 +555,10 @@ def pulumi_env(pulumi_bin: Path, tmp_path: Path) -> PulumiEnv:
     for directory in (home, backend, files):
         directory.mkdir()
     passphrase = secrets.token_urlsafe(16)
+    # The CLI first, then the plugins that are built (a test needing one requires it).
+    plugins = available_tools(PULUMI_PLUGINS).pulumi_path()
     path = os.pathsep.join(
-        [str(pulumi_bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        [str(pulumi_bin), *plugins, str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     )
     env = {
         "PATH": path,

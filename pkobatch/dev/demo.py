@@ -40,12 +40,14 @@ from pkobatch.api.constants import (
 from pkobatch.dev import supervisor
 from pkobatch.dev.controlplane import repo_root
 from pkobatch.dev.processes import wait_until
-from pkobatch.dev.tools import missing_components, tools_script
+from pkobatch.dev.tools import Component, missing_components, tools_script
 from pkobatch.kube.client import CONFIGMAPS, NAMESPACES, STACKS, Kube, resource_for
 
 NAMESPACE: Final = "pkobatch-demo"
 STACK: Final = "demo"
 FIELD_MANAGER: Final = "pkobatch-dev-demo"
+DEMO_COMPONENTS: Final[tuple[Component, ...]] = ("etcd", "kubernetes", "pulumi")
+"""What the demo runs: the control plane and the CLI (its program is Python, no provider)."""
 JSON = dict[str, Any]
 
 
@@ -96,7 +98,7 @@ class Demo:
     # -- steps ----------------------------------------------------------------------------
 
     def build_tools(self) -> None:
-        missing = missing_components()
+        missing = missing_components(DEMO_COMPONENTS)
         if not missing:
             self.console.print("[green]✓[/] real components are built")
             return

@@ -40,7 +40,7 @@ from pkobatch.dev.controlplane import (
     default_crds_dir,
 )
 from pkobatch.dev.node_agent import NodeAgent
-from pkobatch.dev.tools import ToolsMissing, find_tools
+from pkobatch.dev.tools import available_tools, find_tools
 
 STATE_ENV: Final = "PKOBATCH_DEV_STATE"
 DEFAULT_STATE: Final = Path(".pkobatch") / "dev"
@@ -145,9 +145,8 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
     agent: NodeAgent | None = None
     controller: subprocess.Popen[bytes] | None = None
     try:
-        tools = find_tools(("etcd", "kubernetes"))
-        with contextlib.suppress(ToolsMissing):
-            tools = find_tools(("etcd", "kubernetes", "pulumi"))
+        find_tools(("etcd", "kubernetes"))
+        tools = available_tools()
         control_plane = ControlPlane(root, tools, crds_dir=default_crds_dir())
         control_plane.start()
         kube = control_plane.admin()
@@ -156,7 +155,7 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
             server=control_plane.server,
             ca_pem=control_plane.ca_file.read_bytes(),
             state_dir=root,
-            path_prefix=[str(tools.pulumi)] if tools.pulumi else [],
+            path_prefix=tools.pulumi_path(),
             max_running=max_pods,
             kubelet_tls=control_plane.kubelet_tls,
         )

@@ -8,23 +8,36 @@ the code and the script always agree on them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Final, Literal
 
-Component = Literal["etcd", "kubernetes", "pulumi"]
-COMPONENTS: Final[tuple[Component, ...]] = ("etcd", "kubernetes", "pulumi")
+Component = Literal["etcd", "kubernetes", "pulumi", "yaml", "kubernetes_provider"]
+COMPONENTS: Final[tuple[Component, ...]] = (
+    "etcd",
+    "kubernetes",
+    "pulumi",
+    "yaml",
+    "kubernetes_provider",
+)
+PULUMI_PLUGINS: Final[tuple[Component, ...]] = ("yaml", "kubernetes_provider")
+"""Plugins the Pulumi CLI finds on ``PATH`` (a language host, a resource provider)."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
     "pulumi": "PULUMI_VERSION",
+    "yaml": "PULUMI_YAML_VERSION",
+    "kubernetes_provider": "KUBERNETES_PROVIDER_MODULE_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
     "kubernetes": ("kube-apiserver", "kube-controller-manager"),
     "pulumi": ("pulumi", "pulumi-resource-pulumi-python"),
+    "yaml": ("pulumi-language-yaml",),
+    "kubernetes_provider": ("pulumi-resource-kubernetes",),
 }
 
 
@@ -62,6 +75,8 @@ class Tools:
     etcd: Path | None = None
     kubernetes: Path | None = None
     pulumi: Path | None = None
+    yaml: Path | None = None
+    kubernetes_provider: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)
@@ -72,6 +87,11 @@ class Tools:
     def binary(self, component: Component, name: str) -> str:
         return str(self.bin_dir(component) / name)
 
+    def pulumi_path(self) -> list[str]:
+        """``PATH`` entries for a Pulumi run: the CLI and the plugins that were located."""
+        located = (getattr(self, c) for c in ("pulumi", *PULUMI_PLUGINS))
+        return [str(directory) for directory in located if directory is not None]
+
 
 def component_dir(component: Component) -> Path:
     version = versions()[_VERSION_KEYS[component]]
@@ -80,6 +100,15 @@ def component_dir(component: Component) -> Path:
 
 def missing_components(components: tuple[Component, ...] = COMPONENTS) -> list[Component]:
     return [c for c in components if not (component_dir(c) / ".stamp").is_file()]
+
+
+def available_tools(components: tuple[Component, ...] = COMPONENTS) -> Tools:
+    """The components among ``components`` that are built (no error for the others)."""
+    found: dict[str, Path] = {}
+    for component in components:
+        with contextlib.suppress(ToolsMissing):
+            found[component] = find_tools((component,)).bin_dir(component)
+    return Tools(**found)
 
 
 def find_tools(components: tuple[Component, ...] = COMPONENTS) -> Tools:

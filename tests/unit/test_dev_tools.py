@@ -1,0 +1,71 @@
+"""Locating the components scripts/tools.sh builds: every component has a pinned version and a
+build function, and a Pulumi run's PATH holds the CLI and the plugins that are built."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pkobatch.dev.tools import (
+    COMPONENTS,
+    PULUMI_PLUGINS,
+    Component,
+    ToolsMissing,
+    available_tools,
+    component_dir,
+    find_tools,
+    versions,
+)
+
+TOOLS_SH = Path(__file__).resolve().parents[2] / "scripts" / "tools.sh"
+
+
+def _build(component: Component, *binaries: str) -> Path:
+    """A stamped build of ``component`` in the (monkeypatched) tools root."""
+    directory = component_dir(component)
+    directory.mkdir(parents=True)
+    for name in binaries:
+        (directory / name).write_text("#!/bin/sh\n")
+        (directory / name).chmod(0o755)
+    (directory / ".stamp").touch()
+    return directory
+
+
+def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
+    script = TOOLS_SH.read_text()
+    built = set(re.findall(r"^build_(\w+)\(\) \{", script, re.MULTILINE))
+    assert built == set(COMPONENTS)
+    default = re.search(r"^want=\$\{\*:-(.*)\}$", script, re.MULTILINE)
+    assert default is not None and default.group(1).split() == list(COMPONENTS)
+    pinned = versions()
+    for key in ("PULUMI_YAML_VERSION", "KUBERNETES_PROVIDER_MODULE_VERSION"):
+        assert f"${key}" in script and pinned[key].startswith("v")
+
+
+def test_pulumi_path_lists_the_cli_and_the_built_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PKOBATCH_TOOLS_DIR", str(tmp_path))
+    pulumi = _build("pulumi", "pulumi", "pulumi-resource-pulumi-python")
+    yaml_host = _build("yaml", "pulumi-language-yaml")
+
+    tools = available_tools()
+    assert tools.etcd is None and tools.kubernetes_provider is None
+    assert tools.pulumi_path() == [str(pulumi), str(yaml_host)]
+    assert set(PULUMI_PLUGINS) == {"yaml", "kubernetes_provider"}
+
+    with pytest.raises(ToolsMissing) as missing:
+        find_tools(("pulumi", "kubernetes_provider"))
+    assert "scripts/tools.sh kubernetes_provider" in str(missing.value)
+
+
+def test_a_component_without_its_binary_is_not_available(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PKOBATCH_TOOLS_DIR", str(tmp_path))
+    _build("kubernetes_provider")  # stamped, but the binary is missing
+    assert available_tools().kubernetes_provider is None
+    with pytest.raises(ToolsMissing, match="lacks pulumi-resource-kubernetes"):
+        find_tools(("kubernetes_provider",))
