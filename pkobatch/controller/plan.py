@@ -243,7 +243,7 @@ def _error_plan(observed: Observed, exc: Exception) -> Plan:
     error = bound_message(f"{type(exc).__name__}: {exc}")
     if meta.get("deletionTimestamp") and FINALIZER not in (meta.get("finalizers") or ()):
         return Plan(status=None, error=error)
-    message = (
+    message = bound_message(
         f"pkobatch could not plan this Stack ({error}). This is a pkobatch bug: please report "
         f"it with this message. Editing the spec or setting {RECONCILE_REQUEST_ANNOTATION} "
         "makes the controller try again."

@@ -28,7 +28,9 @@ from pkobatch.api.constants import ABANDON_ANNOTATION, FINALIZER, OPERATION_LABE
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.controller.fold import parse_time
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import EVENTS, JOBS, PROGRAMS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import EVENTS, JOBS, PROGRAMS, SECRETS, STACKS, Kube, Resource
+
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 
 JSON = dict[str, Any]
 
@@ -270,6 +272,32 @@ def test_a_pod_that_cannot_be_created_fails_the_run_with_the_servers_words(
         if e["regarding"]["name"] == "nosa" and e["reason"] == "StackUpdateFailure"
     ]
     assert any("missing" in e["note"] for e in failures)
+
+
+def test_a_pod_refused_by_quota_admission_fails_the_run_with_the_servers_words(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    kube.create(RESOURCE_QUOTAS, quota, namespace)
+    # The test control plane runs no resourcequota controller: record the usage it would.
+    usage = {"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
+    kube.merge_patch(RESOURCE_QUOTAS, "no-pods", usage, namespace, subresource="status")
+    apply_stack(kube, namespace, "quota", {"stack": "dev"})
+    stack = wait_stack(
+        kube,
+        namespace,
+        "quota",
+        lambda s: last_update(s).get("state") == "failed",
+        timeout=90,
+        what="the run to fail on its pod creation",
+    )
+    message = last_update(stack)["message"]
+    assert "cannot create its pod" in message and "quota" in message and "no-pods" in message
 
 
 def test_an_enormous_spec_invalid_message_still_reaches_status(

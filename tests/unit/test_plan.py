@@ -820,6 +820,7 @@ def test_a_planning_bug_stalls_that_stack_with_the_error_once(
     assert world.status["observedGeneration"] == 2
     assert world.status["lastUpdate"]["state"] == "succeeded"
     assert [e.reason for e in result.events] == ["ReconcileError"]
+    assert len(result.events[0].message) <= MAX_MESSAGE_CHARS
     assert result.requeue_after is None
     assert world.step().events == []  # no Event storm on later passes
     monkeypatch.undo()
