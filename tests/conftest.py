@@ -570,3 +570,15 @@ def pulumi_env(pulumi_bin: Path, tmp_path: Path) -> PulumiEnv:
         "PULUMI_PYTHON_CMD": sys.executable,
     }
     return PulumiEnv(env, home, backend.as_uri(), passphrase, files)
+
+
+@pytest.fixture(scope="session")
+def github_app(git_server: GitServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``GitHubAppServer`` (tests/github_app_server.py): GitHub's installation-token endpoint
+    over HTTPS on loopback, in front of the repositories ``git_repo`` makes; git needs a
+    token it issued. Clients trust its CA through ``SSL_CERT_FILE``/``GIT_SSL_CAINFO``."""
+    from github_app_server import github_app_server
+
+    state = tmp_path_factory.mktemp("github-app")
+    with github_app_server(git_server.root, state, _GitHandler, _GitHttpServer) as server:
+        yield server

@@ -59,6 +59,11 @@ class GitAuthEnv(_Model):
     token_env: str | None = Field(default=None, alias="tokenEnv")
     ssh_private_key_env: str | None = Field(default=None, alias="sshPrivateKeyEnv")
     ssh_passphrase_env: str | None = Field(default=None, alias="sshPassphraseEnv")
+    github_app_id_env: str | None = Field(default=None, alias="githubAppIDEnv")
+    github_app_installation_id_env: str | None = Field(
+        default=None, alias="githubAppInstallationIDEnv"
+    )
+    github_app_private_key_env: str | None = Field(default=None, alias="githubAppPrivateKeyEnv")
 
 
 class ProgramSnapshot(_Model):

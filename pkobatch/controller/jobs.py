@@ -102,6 +102,9 @@ ENV_GIT_PASSWORD: Final = "PKOBATCH_GIT_PASSWORD"
 ENV_GIT_TOKEN: Final = "PKOBATCH_GIT_TOKEN"
 ENV_GIT_SSH_PRIVATE_KEY: Final = "PKOBATCH_GIT_SSH_PRIVATE_KEY"
 ENV_GIT_SSH_PASSPHRASE: Final = "PKOBATCH_GIT_SSH_PASSPHRASE"
+ENV_GIT_GITHUB_APP_ID: Final = "PKOBATCH_GIT_GITHUB_APP_ID"
+ENV_GIT_GITHUB_APP_INSTALLATION_ID: Final = "PKOBATCH_GIT_GITHUB_APP_INSTALLATION_ID"
+ENV_GIT_GITHUB_APP_PRIVATE_KEY: Final = "PKOBATCH_GIT_GITHUB_APP_PRIVATE_KEY"
 # Read by the runner (pkobatch.runner.cancel) to pace a clean Pulumi cancellation.
 ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
 
@@ -331,9 +334,22 @@ def _git_auth(spec: StackSpec) -> tuple[list[JSON], GitAuthEnv | None]:
     auth = spec.git_auth
     if auth is not None:
         if auth.github_app is not None:
-            raise JobBuildError(
-                "spec.gitAuth.githubApp is not supported by pkobatch yet: use accessToken "
-                "with an installation token, sshAuth or basicAuth"
+            app = auth.github_app
+            env = [
+                _ref_env(ENV_GIT_GITHUB_APP_ID, app.app_id, "githubApp.appID"),
+                _ref_env(
+                    ENV_GIT_GITHUB_APP_INSTALLATION_ID,
+                    app.installation_id,
+                    "githubApp.installationID",
+                ),
+                _ref_env(ENV_GIT_GITHUB_APP_PRIVATE_KEY, app.private_key, "githubApp.privateKey"),
+            ]
+            return env, GitAuthEnv.model_validate(
+                {
+                    "githubAppIDEnv": ENV_GIT_GITHUB_APP_ID,
+                    "githubAppInstallationIDEnv": ENV_GIT_GITHUB_APP_INSTALLATION_ID,
+                    "githubAppPrivateKeyEnv": ENV_GIT_GITHUB_APP_PRIVATE_KEY,
+                }
             )
         if auth.ssh_auth is not None:
             env = [_ref_env(ENV_GIT_SSH_PRIVATE_KEY, auth.ssh_auth.ssh_private_key, "sshAuth")]

@@ -56,6 +56,8 @@ from pkobatch.api.git_transport import credentials_allowed, has_url_credentials,
 from pkobatch.api.messages import bound_message
 from pkobatch.controller.plan import SourceHead
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
+from pkobatch.runner.github_app import TOKEN_USERNAME as GITHUB_TOKEN_USERNAME
+from pkobatch.runner.github_app import GitHubAppError, installation_token
 from pkobatch.runtime.interfaces import StackKey
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ LS_REMOTE_TIMEOUT: Final = 30.0
 MAX_PARALLEL_POLLS: Final = 4
 MAX_ERROR_CHARS: Final = 300
 _USERINFO: Final = re.compile(r"(?<=://)[^/@\s]+@")
+# Which CAs git trusts (e.g. a GitHub Enterprise server's private CA): passed on from the
+# controller's environment, like PATH; nothing else of it reaches git.
+TLS_TRUST_ENV: Final = ("GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class CredentialRef:
 
 @dataclass(frozen=True)
 class GitCredentials:
-    """How to authenticate: ``method`` is token, basic, ssh or legacy (gitAuthSecret)."""
+    """How to authenticate: ``method`` is token, basic, ssh, githubApp or legacy
+    (gitAuthSecret)."""
 
     method: str
     namespace: str
@@ -85,6 +91,9 @@ class GitCredentials:
     password: CredentialRef | None = None
     ssh_key: CredentialRef | None = None
     legacy_secret: str = ""
+    app_id: CredentialRef | None = None
+    installation_id: CredentialRef | None = None
+    app_private_key: CredentialRef | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,15 @@ def poll_key(namespace: str, spec: Mapping[str, Any]) -> PollKey | None:
             username=CredentialRef(literal="git"),
             password=_ref(auth["accessToken"]),
         )
+    elif auth.get("githubApp"):
+        app = auth["githubApp"]
+        credentials = GitCredentials(
+            "githubApp",
+            namespace,
+            app_id=_ref(app.get("appID")),
+            installation_id=_ref(app.get("installationID")),
+            app_private_key=_ref(app.get("privateKey")),
+        )
     elif auth.get("basicAuth"):
         basic = auth["basicAuth"]
         credentials = GitCredentials(
@@ -168,6 +186,7 @@ def ls_remote(url: str, ref: str, creds: _Resolved | None, timeout: float) -> st
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_ASKPASS": "/bin/false",
             "SSH_ASKPASS_REQUIRE": "never",
+            **{name: os.environ[name] for name in TLS_TRUST_ENV if os.environ.get(name)},
         }
         if creds is not None:
             env.update(_credential_env(creds, Path(private)))
@@ -377,7 +396,7 @@ class GitPoller:
         error = ""
         try:
             self._check_transport(key)
-            creds = self._resolve(key.credentials)
+            creds = self._resolve(key.credentials, key.url)
             with self._lock:
                 self.calls += 1
             commit = self._fetch(key.url, key.ref, creds, LS_REMOTE_TIMEOUT)
@@ -425,7 +444,7 @@ class GitPoller:
         if has_url_credentials(key.url):
             raise PollError(refusal_message(key.url, "the user name and password in the URL"))
 
-    def _resolve(self, creds: GitCredentials | None) -> _Resolved | None:
+    def _resolve(self, creds: GitCredentials | None, url: str) -> _Resolved | None:
         if creds is None:
             return None
         cache: dict[str, Mapping[str, str]] = {}
@@ -456,6 +475,17 @@ class GitPoller:
                 f"Secret {creds.legacy_secret} (spec.gitAuthSecret) has none of sshPrivateKey, "
                 "accessToken, or username and password"
             )
+        if creds.method == "githubApp":
+            try:
+                token = installation_token(
+                    url,
+                    value(creds.app_id, "GitHub App ID"),
+                    value(creds.installation_id, "GitHub App installation ID"),
+                    value(creds.app_private_key, "GitHub App private key"),
+                )
+            except GitHubAppError as exc:
+                raise PollError(str(exc)) from None
+            return _Resolved(username=GITHUB_TOKEN_USERNAME, password=token)
         if creds.method == "ssh":
             return _Resolved(
                 ssh_key=value(creds.ssh_key, "ssh private key"),

@@ -309,6 +309,9 @@ def _fetch_source(
             shallow=bool(spec.shallow),
         )
         git.check_transport(source.url, credentials, run.snapshot.insecure_http_git_hosts)
+        if credentials is not None and credentials.github_app is not None:
+            run.log.step("exchanging the GitHub App's credentials for an installation token")
+            credentials = credentials.for_url(source.url, run.log.redactor)
         run.log.step(f"fetching {source.describe()}")
         helpers = private / "git-helpers"
         helpers.mkdir(mode=0o700)

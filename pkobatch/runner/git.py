@@ -26,7 +26,7 @@ import os
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -56,14 +56,41 @@ printf '%s\\n' "$PKOBATCH_ASKPASS_PASSPHRASE"
 
 
 @dataclass(frozen=True)
+class GitHubApp:
+    """``gitAuth.githubApp``: exchanged for an installation token before the fetch."""
+
+    app_id: str
+    installation_id: str
+    private_key: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class GitCredentials:
     username: str = ""
-    password: str = ""
-    ssh_private_key: str = ""
-    ssh_passphrase: str = ""
+    password: str = field(default="", repr=False)
+    ssh_private_key: str = field(default="", repr=False)
+    ssh_passphrase: str = field(default="", repr=False)
+    github_app: GitHubApp | None = None
 
     def secrets(self) -> list[str]:
-        return [self.password, self.ssh_private_key, self.ssh_passphrase]
+        app_key = self.github_app.private_key if self.github_app else ""
+        return [self.password, self.ssh_private_key, self.ssh_passphrase, app_key]
+
+    def for_url(self, url: str, redactor: Redactor) -> GitCredentials:
+        """Credentials ready for git: a GitHub App's are exchanged for an installation token
+        (added to ``redactor`` before anything can print it)."""
+        app = self.github_app
+        if app is None:
+            return self
+        # cryptography is slow to import: only runs that use a GitHub App pay for it.
+        from pkobatch.runner.github_app import TOKEN_USERNAME, GitHubAppError, installation_token
+
+        try:
+            token = installation_token(url, app.app_id, app.installation_id, app.private_key)
+        except GitHubAppError as exc:
+            raise RunFailure("SourceUnavailable", redactor.scrub(str(exc))) from None
+        redactor.add(token)
+        return GitCredentials(username=TOKEN_USERNAME, password=token)
 
 
 def _literal(ref: ResourceRef | None, path: str) -> str:
@@ -95,6 +122,15 @@ def resolve_git_credentials(
 
         key, token = value(auth_env.ssh_private_key_env), value(auth_env.token_env)
         username, password = value(auth_env.username_env), value(auth_env.password_env)
+        app_id = value(auth_env.github_app_id_env)
+        if app_id or value(auth_env.github_app_private_key_env):
+            return GitCredentials(
+                github_app=GitHubApp(
+                    app_id=app_id,
+                    installation_id=value(auth_env.github_app_installation_id_env),
+                    private_key=value(auth_env.github_app_private_key_env),
+                )
+            )
         if key:
             return GitCredentials(
                 ssh_private_key=key, ssh_passphrase=value(auth_env.ssh_passphrase_env)
@@ -123,10 +159,18 @@ def resolve_git_credentials(
             username=_literal(spec_auth.basic_auth.user_name, "spec.gitAuth.basicAuth.userName"),
             password=_literal(spec_auth.basic_auth.password, "spec.gitAuth.basicAuth.password"),
         )
-    raise RunFailure(
-        "InvalidSpec",
-        "spec.gitAuth: only accessToken, basicAuth and sshAuth are supported by the runner",
-    )
+    if spec_auth.github_app is not None:
+        app = spec_auth.github_app
+        return GitCredentials(
+            github_app=GitHubApp(
+                app_id=_literal(app.app_id, "spec.gitAuth.githubApp.appID"),
+                installation_id=_literal(
+                    app.installation_id, "spec.gitAuth.githubApp.installationID"
+                ),
+                private_key=_literal(app.private_key, "spec.gitAuth.githubApp.privateKey"),
+            )
+        )
+    return None
 
 
 def check_transport(
@@ -137,7 +181,9 @@ def check_transport(
         return
     if has_url_credentials(url):
         what = "the user name and password in spec.projectRepo"
-    elif credentials is not None and (credentials.username or credentials.password):
+    elif credentials is not None and (
+        credentials.username or credentials.password or credentials.github_app
+    ):
         what = "the git credentials of spec.gitAuth"
     else:
         return

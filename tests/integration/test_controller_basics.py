@@ -9,6 +9,7 @@ fails these tests.
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -526,3 +527,93 @@ def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
     assert artifact["revision"] == "1"
     assert artifact["digest"].startswith("sha256:") and artifact["size"] > 0
     assert artifact["url"].endswith(f"/namespaces/{namespace}/programs/web")
+
+
+def github_app_secret(kube: Kube, namespace: str, name: str, app: Any, private_key: str) -> None:
+    data = {"appID": app.app_id, "installationID": app.installation_id, "privateKey": private_key}
+    kube.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        },
+        namespace,
+    )
+
+
+def github_app_spec(url: str, secret: str) -> dict[str, Any]:
+    def ref(key: str) -> dict[str, Any]:
+        return {"type": "Secret", "secret": {"name": secret, "key": key}}
+
+    return {
+        "stack": "dev",
+        "projectRepo": url,
+        "branch": "main",
+        "gitAuth": {
+            "githubApp": {
+                "appID": ref("appID"),
+                "installationID": ref("installationID"),
+                "privateKey": ref("privateKey"),
+            }
+        },
+    }
+
+
+def test_github_app_branch_polling_exchanges_a_token_and_never_shows_a_credential(
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    controller_rbac: None,
+    git_repo: Callable[..., Any],
+    github_app: Any,
+) -> None:
+    """The poller signs a JWT with the app's key, gets an installation token from the
+    (loopback) GitHub API, and ls-remotes over HTTPS with it; a wrong key is
+    SourceUnavailable. No key, JWT or token appears in any status, Event or log."""
+    bind_runner(kube, namespace)
+    ca = str(github_app.ca_file)
+    process = ControllerProcess(
+        cluster, namespace, tmp_path / "controller", env={"SSL_CERT_FILE": ca, "GIT_SSL_CAINFO": ca}
+    )
+    process.start()
+    try:
+        repo = git_repo()
+        url = github_app.repo_url(repo.bare)
+        github_app_secret(kube, namespace, "app", github_app, github_app.private_key)
+        github_app_secret(kube, namespace, "wrong", github_app, github_app.wrong_private_key)
+        apply_stack(kube, namespace, "via-app", github_app_spec(url, "app"))
+        apply_stack(kube, namespace, "wrong-key", github_app_spec(url, "wrong"))
+        good = wait_stack(
+            kube,
+            namespace,
+            "via-app",
+            lambda s: (
+                ((s.get("status") or {}).get("currentUpdate") or {}).get("commit") == repo.commit
+            ),
+            timeout=120,
+        )
+        bad = wait_stack(
+            kube,
+            namespace,
+            "wrong-key",
+            lambda s: condition(s, "Stalled").get("reason") == "SourceUnavailable",
+            timeout=120,
+        )
+        message = condition(bad, "Stalled")["message"]
+        assert "HTTP 401" in message and "check appID, installationID and privateKey" in message
+        assert any(r.accepted for r in github_app.token_requests)
+        assert any(not r.accepted for r in github_app.token_requests)
+        events, _ = kube.list_objects(EVENTS, namespace)
+        seen = "\n".join(
+            [json.dumps(good), json.dumps(bad), json.dumps(events), process.log_text()]
+        )
+    finally:
+        process.stop()
+    secrets_ = [*github_app.issued]
+    for key in (github_app.private_key, github_app.wrong_private_key):
+        secrets_ += [line for line in key.splitlines() if len(line) > 20]
+    leaked = [s for s in secrets_ if s in seen]
+    assert leaked == [] and "eyJhbGciOiJSUzI1NiIs" not in seen

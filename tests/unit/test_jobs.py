@@ -329,16 +329,37 @@ def test_deprecated_git_auth_secret_offers_every_key() -> None:
     assert variables["PKOBATCH_GIT_PASSWORD"]["valueFrom"] == secret_ref("git", "password")
 
 
-def test_github_app_auth_is_refused_with_advice() -> None:
-    ref = {"type": "Secret", "secret": {"name": "app", "key": "k"}}
-    with pytest.raises(JobBuildError, match="githubApp"):
-        build(
-            {
-                "projectRepo": "https://g/x.git",
-                "branch": "main",
-                "gitAuth": {"githubApp": {"appID": ref, "installationID": ref, "privateKey": ref}},
-            }
-        )
+def test_github_app_credentials_are_passed_by_reference() -> None:
+    def ref(key: str) -> dict[str, Any]:
+        return {"type": "Secret", "secret": {"name": "app", "key": key}}
+
+    job = build(
+        {
+            "projectRepo": "https://g/x.git",
+            "branch": "main",
+            "gitAuth": {
+                "githubApp": {
+                    "appID": ref("id"),
+                    "installationID": ref("inst"),
+                    "privateKey": ref("pem"),
+                }
+            },
+        }
+    )
+    variables = env(job)
+    assert variables["PKOBATCH_GIT_GITHUB_APP_ID"]["valueFrom"] == secret_ref("app", "id")
+    assert variables["PKOBATCH_GIT_GITHUB_APP_INSTALLATION_ID"]["valueFrom"] == secret_ref(
+        "app", "inst"
+    )
+    assert variables["PKOBATCH_GIT_GITHUB_APP_PRIVATE_KEY"]["valueFrom"] == secret_ref("app", "pem")
+    snap = snapshot(job)
+    assert snap.git_auth is not None
+    assert snap.git_auth.model_dump(by_alias=True, exclude_none=True) == {
+        "githubAppIDEnv": "PKOBATCH_GIT_GITHUB_APP_ID",
+        "githubAppInstallationIDEnv": "PKOBATCH_GIT_GITHUB_APP_INSTALLATION_ID",
+        "githubAppPrivateKeyEnv": "PKOBATCH_GIT_GITHUB_APP_PRIVATE_KEY",
+    }
+    assert "PKOBATCH_GIT_GITHUB_APP_PRIVATE_KEY" in snap.secret_env
 
 
 # ---------------------------------------------------------------------------------------

@@ -217,3 +217,19 @@ def test_a_failed_fetch_is_source_unavailable_and_scrubbed(tmp_path: Path) -> No
     assert raised.value.reason == "SourceUnavailable"
     assert "leaked-pw" not in raised.value.message
     assert "git fetch of https://***@127.0.0.1:9/nothing.git at main failed" in raised.value.message
+
+
+def test_github_app_variables_become_app_credentials_and_the_key_is_secret() -> None:
+    names = GitAuthEnv.model_validate(
+        {
+            "githubAppIDEnv": "ID",
+            "githubAppInstallationIDEnv": "INST",
+            "githubAppPrivateKeyEnv": "KEY",
+        }
+    )
+    env = {"ID": "12", "INST": "34", "KEY": "-----BEGIN RSA PRIVATE KEY-----\nabc\n"}
+    credentials = git.resolve_git_credentials(names, None, env)
+    assert credentials is not None and credentials.github_app is not None
+    assert (credentials.github_app.app_id, credentials.github_app.installation_id) == ("12", "34")
+    assert env["KEY"] in credentials.secrets()
+    assert env["KEY"] not in repr(credentials)
