@@ -145,9 +145,9 @@ class Observer:
             self._poller.forget(key)
         else:
             resync = spec.get("resyncFrequencySeconds")
-            source = self._poller.head(
-                key, polled, float(resync) if resync else None, run_awaited_for(stack)
-            )
+            # A suspended Stack starts no run; unsuspending it is a change of its own.
+            awaited = None if spec.get("suspend") else run_awaited_for(stack)
+            source = self._poller.head(key, polled, float(resync) if resync else None, awaited)
 
         prerequisites: dict[str, Mapping[str, Any] | None] = {}
         for item in spec.get("prerequisites") or ():

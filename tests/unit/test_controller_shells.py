@@ -473,3 +473,43 @@ def test_a_run_awaits_a_change_until_a_run_for_it_is_recorded_or_in_progress() -
     assert run_awaited_for({"metadata": meta, "status": {"lastUpdate": now}}) is None
     status = {"lastUpdate": old, "currentUpdate": now}
     assert run_awaited_for({"metadata": meta, "status": status}) is None
+
+
+class FreshnessRecorder(GitPoller):
+    def __init__(self) -> None:
+        super().__init__(None, 60.0, lambda key: None)  # type: ignore[arg-type]
+        self.asked: list[object | None] = []
+
+    def head(
+        self,
+        stack: StackKey,
+        key: PollKey,
+        resync_seconds: float | None = None,
+        fresh_for: object | None = None,
+    ) -> SourceHead:
+        self.asked.append(fresh_for)
+        return SourceHead()
+
+
+@pytest.mark.parametrize(("suspend", "fresh_for"), [(False, (1, "")), (True, None)])
+def test_observe_asks_for_a_fresh_head_only_when_the_change_will_run(
+    suspend: bool, fresh_for: object
+) -> None:
+    from pkobatch.controller.observe import Observer
+    from pkobatch.runtime.interfaces import Stores
+    from pkobatch.runtime.store import Store
+
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
+    spec = {"stack": "dev", "projectRepo": "https://g/x.git", "branch": "main", "suspend": suspend}
+    stores.stacks.upsert(
+        {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "metadata": {"name": "app", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": spec,
+        }
+    )
+    poller = FreshnessRecorder()
+    observer = Observer(LiveReads({}), stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
+    observer.observe(StackKey("ns", "app"), datetime.now(UTC))
+    assert poller.asked == [fresh_for]
