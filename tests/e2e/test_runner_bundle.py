@@ -32,7 +32,8 @@ from pkobatch.api.run import RunResult
 from pkobatch.controller.jobs import INJECTED_RUNNER
 from pkobatch.kube.client import JOBS, SECRETS, Kube
 
-pytestmark = pytest.mark.e2e
+# A cold build of the bundle (the session's first use) takes minutes on 2 busy cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 JSON = dict[str, Any]
 SYSTEM_PATH = ["/usr/bin", "/bin"]
 VENV_BIN = str(Path(sys.executable).parent)
