@@ -3,7 +3,14 @@
 A ``RunSnapshot`` is everything one Job needs, frozen at Job creation: the controller's Job
 builder serialises it into the Job (argument ``--snapshot`` as JSON); the runner parses it
 and never reads the Stack. Secret *values* are never in the snapshot: it names the
-environment variables (filled by the kubelet from ``secretKeyRef``) that hold them.
+environment variables (filled by the kubelet from ``secretKeyRef``) that hold them — values
+the Stack holds inline (``spec.secrets``, ``Literal`` refs of ``secretsRef`` and ``gitAuth``)
+go into a Secret the controller creates for the run.
+
+A snapshot too large for one command-line argument (``MAX_INLINE_SNAPSHOT_BYTES``) travels in
+ConfigMaps instead (``--snapshot-configmap``, in parts of at most ``SNAPSHOT_PART_BYTES``), and
+the Job records its SHA-256 (``--snapshot-sha256``), which the runner checks: the Job still
+says exactly what ran.
 
 A ``RunResult`` is what the runner writes to the result ConfigMap under ``result.json``.
 Both carry ``schemaVersion`` so that a controller can reject a runner it does not
@@ -12,6 +19,7 @@ understand instead of misreading it.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -26,6 +34,38 @@ MAX_RESULT_BYTES: Final = 512 * 1024
 # Outputs kept in a result (they end up in status.outputs, which kubectl shows in full).
 MAX_RESULT_OUTPUTS: Final = 1000
 SECRET_PLACEHOLDER: Final = "[secret]"
+
+# How the snapshot reaches the runner (the Job builder writes these, ``pkobatch job run`` reads).
+SNAPSHOT_FLAG: Final = "--snapshot"
+SNAPSHOT_CONFIGMAP_FLAG: Final = "--snapshot-configmap"
+SNAPSHOT_SHA256_FLAG: Final = "--snapshot-sha256"
+SNAPSHOT_KEY: Final = "snapshot.json"
+# One argument may hold at most 128 KiB on Linux (MAX_ARG_STRLEN), all of them together with
+# the environment about 2 MiB; a larger snapshot goes into ConfigMaps (1 MiB each at most).
+MAX_INLINE_SNAPSHOT_BYTES: Final = 64 * 1024
+SNAPSHOT_PART_BYTES: Final = 768 * 1024
+# The run's Job's UID, from the pod label the Job controller sets (downward API): the runner
+# owns its result by it without reading the Job.
+JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"
+JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+
+
+def snapshot_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def split_snapshot(text: str, part_bytes: int = SNAPSHOT_PART_BYTES) -> list[str]:
+    """``text`` in parts of at most ``part_bytes`` UTF-8 bytes, cut between characters."""
+    data = text.encode("utf-8")
+    parts: list[str] = []
+    start = 0
+    while start < len(data):
+        end = min(start + part_bytes, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte
+            end -= 1
+        parts.append(data[start:end].decode("utf-8"))
+        start = end
+    return parts
 
 
 class _Model(BaseModel):
@@ -94,6 +134,8 @@ class RunSnapshot(_Model):
     # Project info from the last successful run: lets destroy run when the source is gone.
     project_info: ProjectInfo | None = Field(default=None, alias="projectInfo")
     config_from_env: dict[str, ValueFromEnv] = Field(default_factory=dict, alias="configFromEnv")
+    # spec.secrets key -> variable holding its value (the spec's own value is blanked).
+    secrets_from_env: dict[str, str] = Field(default_factory=dict, alias="secretsFromEnv")
     git_auth: GitAuthEnv | None = Field(default=None, alias="gitAuth")
     # Environment variables whose values are secret (envRefs of type Secret, the access
     # token): the runner scrubs their values from logs, messages and outputs.

@@ -20,7 +20,13 @@ from rich.table import Table
 from rich.text import Text
 
 from pkobatch.api.constants import OPERATIONS, Operation
-from pkobatch.api.run import RunResult, RunSnapshot
+from pkobatch.api.run import (
+    SNAPSHOT_CONFIGMAP_FLAG,
+    SNAPSHOT_FLAG,
+    SNAPSHOT_SHA256_FLAG,
+    RunResult,
+    RunSnapshot,
+)
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.embedded import (
     LocalRunError,
@@ -155,20 +161,47 @@ def job_group() -> None:
 
 @job_group.command("run")
 @click.option(
-    "--snapshot",
+    SNAPSHOT_FLAG,
+    "snapshot",
     envvar="PKOBATCH_SNAPSHOT",
-    required=True,
     help="The RunSnapshot JSON the controller's Job builder wrote.",
 )
-def job_run_command(snapshot: str) -> None:
+@click.option(
+    SNAPSHOT_CONFIGMAP_FLAG,
+    "snapshot_configmaps",
+    multiple=True,
+    metavar="NAMESPACE/NAME",
+    help="A ConfigMap holding the next part of a snapshot too large for --snapshot (repeatable).",
+)
+@click.option(
+    SNAPSHOT_SHA256_FLAG,
+    "snapshot_digest",
+    default="",
+    help="The SHA-256 of the snapshot in the --snapshot-configmap parts.",
+)
+def job_run_command(
+    snapshot: str | None, snapshot_configmaps: tuple[str, ...], snapshot_digest: str
+) -> None:
     """Run one Stack operation and write its result ConfigMap.
 
     Exit status 0 when the operation succeeded, 1 when it failed (the result says why), 2 for
     an unreadable snapshot, 3 when the result could not be written.
     """
+    if snapshot_configmaps:
+        from pkobatch.kube.client import Kube  # slow to import: only for a large snapshot
+        from pkobatch.runner.report import SnapshotUnreadable, read_snapshot
+
+        try:
+            snapshot = read_snapshot(Kube.connect, list(snapshot_configmaps), snapshot_digest)
+        except SnapshotUnreadable as error:
+            click.echo(f"error: the snapshot could not be read: {error}", err=True)
+            sys.exit(EXIT_USAGE)
+    if snapshot is None:
+        click.echo(f"error: give {SNAPSHOT_FLAG} or {SNAPSHOT_CONFIGMAP_FLAG}", err=True)
+        sys.exit(EXIT_USAGE)
     try:
         parsed = RunSnapshot.model_validate_json(snapshot)
     except ValidationError as error:
-        click.echo(f"error: the --snapshot is not a valid RunSnapshot:\n{error}", err=True)
+        click.echo(f"error: the snapshot is not a valid RunSnapshot:\n{error}", err=True)
         sys.exit(EXIT_USAGE)
     sys.exit(run_job(parsed))

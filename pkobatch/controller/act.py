@@ -1,10 +1,15 @@
 """Act: carry out a ``Plan`` with as few API writes as possible.
 
-Order: finalizer added → Job created → status written → old Jobs and results deleted →
-finalizer removed → Events posted → prerequisites poked. The Job comes before the status
-that names it, so status never points at a Job that was never made; if the status write
-then fails, the next reconcile adopts the Job (deterministic names make a second create an
-``AlreadyExists``).
+Order: finalizer added → Job created → its inputs created → status written → old Jobs and
+results deleted → finalizer removed → Events posted → prerequisites poked. The Job comes
+before the status that names it, so status never points at a Job that was never made; if the
+status write then fails, the next reconcile adopts the Job (deterministic names make a second
+create an ``AlreadyExists``).
+
+A run's inputs (its Secret of inline secret values, the ConfigMaps of a large snapshot) are
+created after the Job because they are owned by it (the garbage collector removes them with
+it), which needs the Job's UID; the pod waits for them. They are created again after an
+``AlreadyExists`` of the Job, so a crash between the two writes is repaired by the retry.
 
 Status is written only when it changed, as a JSON merge patch of the difference on the
 status subresource, with field manager ``pkobatch-controller`` and the observed
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,11 +32,13 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.program import program_artifact
 from pkobatch.controller.events import EventRecorder
+from pkobatch.controller.jobs import owned_by_job
 from pkobatch.controller.plan import Plan
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
     PROGRAMS,
+    SECRETS,
     STACKS,
     AlreadyExists,
     Forbidden,
@@ -80,13 +87,15 @@ class Actor:
         self._kube = kube
         self._events = events
 
-    def create_job(self, job: JSON) -> None:
-        namespace = job["metadata"]["namespace"]
+    def create_job(self, job: JSON, inputs: Sequence[JSON] = ()) -> None:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:
-            self._kube.create(JOBS, job, namespace)
+            created = self._kube.create(JOBS, job, namespace)
         except AlreadyExists:
             # The same decision was carried out before (crash, stale cache): adopt it.
-            log.info("job %s/%s exists already", namespace, job["metadata"]["name"])
+            log.info("job %s/%s exists already", namespace, name)
+            self.create_inputs(name, namespace, inputs)
+            return
         except Forbidden as exc:
             if _terminating(exc):
                 raise NamespaceTerminating(exc.message) from exc
@@ -95,6 +104,25 @@ class Actor:
             if exc.status == 422:
                 raise JobRejected(exc.message) from exc
             raise
+        self.create_inputs(name, namespace, inputs, str(created["metadata"]["uid"]))
+
+    def create_inputs(
+        self, job_name: str, namespace: str, inputs: Sequence[JSON], job_uid: str = ""
+    ) -> None:
+        """The run inputs of Job ``job_name``, owned by it (those that exist are left alone)."""
+        if not inputs:
+            return
+        if not job_uid:
+            try:
+                job_uid = str(self._kube.get(JOBS, job_name, namespace)["metadata"]["uid"])
+            except NotFound:
+                return  # the Job is gone: its inputs would be orphans
+        for item in inputs:
+            owned = owned_by_job(item, job_name, job_uid)
+            with contextlib.suppress(AlreadyExists):
+                self._kube.create(
+                    SECRETS if item["kind"] == "Secret" else CONFIGMAPS, owned, namespace
+                )
 
     def record_program_artifact(self, program: Mapping[str, Any], now: datetime) -> None:
         """Keep a Program's ``status.artifact`` at its current generation (PKO's

@@ -28,11 +28,19 @@ and the run container, in the user's image that brings the Pulumi CLI and the la
 runtimes, executes that copy. This is decided last, on the final image, so no layer can
 leave a run without a runner.
 
-Secrets never pass through here as values: every credential becomes a ``secretKeyRef`` or
+Secrets never reach the Job as values: every credential becomes a ``secretKeyRef`` or
 ``envFrom.secretRef`` resolved by the kubelet, and the snapshot names the environment
-variables that hold them. References are ``optional`` so a missing Secret or ConfigMap
-makes the run fail fast with the runner's message instead of leaving the pod stuck in
-``CreateContainerConfigError`` until the deadline.
+variables that hold them. References to the Stack's Secrets and ConfigMaps are ``optional``
+so a missing one makes the run fail fast with the runner's message instead of leaving the pod
+stuck in ``CreateContainerConfigError`` until the deadline.
+
+Secret values the Stack holds inline (``spec.secrets``, ``Literal`` refs in ``secretsRef`` and
+``gitAuth``) go into a Secret made for the run (``<job>-secrets``), referenced like any other,
+not optional: the controller creates it right after the Job, and the kubelet waits for it.
+The snapshot keeps their keys with the value ``[secret]``. A snapshot too large for one
+argument goes into ConfigMaps (``<job>-snapshot-<n>``) that the runner reads. These run inputs
+are returned beside the Job (``RunObjects.inputs``), to be created only when a run needs them
+and owned by the Job, so the garbage collector removes them with it.
 
 Job names are deterministic — ``<stack>-<operation>-<hash of (uid, generation, reconcile
 request, trigger)>`` — so a retry after a crash or on a stale cache gets ``AlreadyExists``
@@ -69,12 +77,22 @@ from pkobatch.api.git_transport import credentials_allowed, has_url_credentials,
 from pkobatch.api.pod_security import Level, Violation, check_pod
 from pkobatch.api.program import program_revision, render_project
 from pkobatch.api.run import (
+    JOB_UID_ENV,
+    JOB_UID_LABEL,
+    MAX_INLINE_SNAPSHOT_BYTES,
+    SECRET_PLACEHOLDER,
+    SNAPSHOT_CONFIGMAP_FLAG,
+    SNAPSHOT_FLAG,
+    SNAPSHOT_KEY,
+    SNAPSHOT_SHA256_FLAG,
     GitAuthEnv,
     ProgramSnapshot,
     ProjectInfo,
     RunSnapshot,
     StackRef,
     ValueFromEnv,
+    snapshot_sha256,
+    split_snapshot,
 )
 from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
@@ -82,7 +100,6 @@ from pkobatch.config import JobSettings
 JSON = dict[str, Any]
 RUN_ANNOTATION: Final = f"{PREFIX}/run"
 CONTAINER_NAME: Final = "pulumi"
-SNAPSHOT_FLAG: Final = "--snapshot"
 TEMPLATE_RESOURCE: Final = "job_template.yaml"
 MAX_NAME_LENGTH: Final = 63
 # Pod Security violations quoted in one message (the rest are counted).
@@ -97,6 +114,7 @@ ENV_ACCESS_TOKEN: Final = "PULUMI_ACCESS_TOKEN"
 ACCESS_TOKEN_KEY: Final = "accessToken"
 ENV_CONFIG_PREFIX: Final = "PKOBATCH_CONFIG_"
 ENV_SECRET_PREFIX: Final = "PKOBATCH_SECRET_"
+ENV_INLINE_SECRET_PREFIX: Final = "PKOBATCH_INLINE_SECRET_"
 ENV_GIT_USERNAME: Final = "PKOBATCH_GIT_USERNAME"
 ENV_GIT_PASSWORD: Final = "PKOBATCH_GIT_PASSWORD"
 ENV_GIT_TOKEN: Final = "PKOBATCH_GIT_TOKEN"
@@ -130,6 +148,11 @@ RunKind = Literal["sync", "request", "drift"]
 """Why a run exists: the Stack's normal operation, a CLI operation request, a drift check."""
 # Trigger of the update that remediates drift; it always refreshes first.
 REMEDIATE_TRIGGER_PREFIX: Final = "remediate:"
+# The label that ties a run input (Secret, snapshot ConfigMap) to its Job. Inputs carry no
+# managed-by label: the controller's ConfigMap cache (managed-by selector) must not hold them.
+RUN_INPUT_LABEL: Final = f"{PREFIX}/run-input-of"
+# An inline secret travels in an environment variable: Linux caps one at 128 KiB.
+MAX_INLINE_SECRET_BYTES: Final = 128 * 1024 - 256
 
 
 class JobBuildError(ValueError):
@@ -280,15 +303,75 @@ def _ref_env(env_name: str, ref: ResourceRef, path: str) -> JSON:
     raise JobBuildError(f"{path}: use type Secret (secret: {{name, key}}) or type Literal")
 
 
+def run_secret_name(job: str) -> str:
+    return f"{job}-secrets"
+
+
+@dataclass
+class _InlineSecrets:
+    """Secret values the Stack holds inline, on their way into the run's Secret."""
+
+    secret_name: str
+    values: dict[str, str]  # variable name -> value (the Secret's keys are variable names)
+
+    def env(self, env_name: str, value: str, path: str) -> JSON:
+        if len(value.encode("utf-8")) > MAX_INLINE_SECRET_BYTES:
+            raise JobBuildError(
+                f"{path}: the value is larger than {MAX_INLINE_SECRET_BYTES} bytes, more than a "
+                "process environment variable can hold; put it in a file the program reads, "
+                "or split it into several keys"
+            )
+        self.values[env_name] = value
+        return {
+            "name": env_name,
+            "valueFrom": {"secretKeyRef": {"name": self.secret_name, "key": env_name}},
+        }
+
+    def ref_env(self, env_name: str, ref: ResourceRef, path: str) -> JSON:
+        """Like ``_ref_env``, for a ref whose value is secret: a literal moves to the Secret."""
+        if ref.type == "Literal" and ref.literal is not None:
+            return self.env(env_name, ref.literal.value, path)
+        return _ref_env(env_name, ref, path)
+
+
+# Where inline secret values sit in the canonical manifest (blanked in the snapshot).
+_GIT_AUTH_SECRET_REFS: Final = (
+    ("accessToken",),
+    ("basicAuth", "password"),
+    ("sshAuth", "sshPrivateKey"),
+    ("sshAuth", "password"),
+)
+
+
+def without_inline_secrets(manifest: Mapping[str, Any]) -> JSON:
+    """``manifest`` with every inline secret value replaced by ``[secret]``."""
+    blanked: JSON = copy.deepcopy(dict(manifest))
+    if isinstance(blanked.get("secrets"), dict):
+        blanked["secrets"] = dict.fromkeys(blanked["secrets"], SECRET_PLACEHOLDER)
+    refs: list[Any] = list((blanked.get("secretsRef") or {}).values())
+    for path in _GIT_AUTH_SECRET_REFS:
+        node: Any = blanked.get("gitAuth")
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        refs.append(node)
+    for ref in refs:
+        if isinstance(ref, dict) and isinstance(ref.get("literal"), dict):
+            ref["literal"]["value"] = SECRET_PLACEHOLDER
+    return blanked
+
+
 @dataclass
 class _Environment:
     env: list[JSON]
     env_from: list[JSON]
     config_from_env: dict[str, ValueFromEnv]
+    secrets_from_env: dict[str, str]
     git_auth: GitAuthEnv | None
 
 
-def _environment(spec: StackSpec, workspace_env: list[JSON]) -> _Environment:
+def _environment(
+    spec: StackSpec, workspace_env: list[JSON], inline: _InlineSecrets
+) -> _Environment:
     env: list[JSON] = []
     env_from: list[JSON] = []
     explicit = {*(spec.env_refs or {}), *(str(item.get("name")) for item in workspace_env)}
@@ -322,15 +405,20 @@ def _environment(spec: StackSpec, workspace_env: list[JSON]) -> _Environment:
         config_from_env[key] = ValueFromEnv(env=env_name, json_value=bool(cm_ref.json_value))
     for index, (key, ref) in enumerate(sorted((spec.secrets_ref or {}).items())):
         env_name = f"{ENV_SECRET_PREFIX}{index}"
-        env.append(_ref_env(env_name, ref, f"spec.secretsRef.{key}"))
+        env.append(inline.ref_env(env_name, ref, f"spec.secretsRef.{key}"))
         config_from_env[key] = ValueFromEnv(env=env_name, secret=True)
+    secrets_from_env: dict[str, str] = {}
+    for index, (key, value) in enumerate(sorted((spec.secrets or {}).items())):
+        env_name = f"{ENV_INLINE_SECRET_PREFIX}{index}"
+        env.append(inline.env(env_name, value, f"spec.secrets.{key}"))
+        secrets_from_env[key] = env_name
 
-    git_env, git_auth = _git_auth(spec)
+    git_env, git_auth = _git_auth(spec, inline)
     env.extend(git_env)
-    return _Environment(env, env_from, config_from_env, git_auth)
+    return _Environment(env, env_from, config_from_env, secrets_from_env, git_auth)
 
 
-def _git_auth(spec: StackSpec) -> tuple[list[JSON], GitAuthEnv | None]:
+def _git_auth(spec: StackSpec, inline: _InlineSecrets) -> tuple[list[JSON], GitAuthEnv | None]:
     auth = spec.git_auth
     if auth is not None:
         if auth.github_app is not None:
@@ -352,19 +440,23 @@ def _git_auth(spec: StackSpec) -> tuple[list[JSON], GitAuthEnv | None]:
                 }
             )
         if auth.ssh_auth is not None:
-            env = [_ref_env(ENV_GIT_SSH_PRIVATE_KEY, auth.ssh_auth.ssh_private_key, "sshAuth")]
+            env = [
+                inline.ref_env(ENV_GIT_SSH_PRIVATE_KEY, auth.ssh_auth.ssh_private_key, "sshAuth")
+            ]
             names: dict[str, str] = {"sshPrivateKeyEnv": ENV_GIT_SSH_PRIVATE_KEY}
             if auth.ssh_auth.password is not None:
-                env.append(_ref_env(ENV_GIT_SSH_PASSPHRASE, auth.ssh_auth.password, "sshAuth"))
+                env.append(
+                    inline.ref_env(ENV_GIT_SSH_PASSPHRASE, auth.ssh_auth.password, "sshAuth")
+                )
                 names["sshPassphraseEnv"] = ENV_GIT_SSH_PASSPHRASE
             return env, GitAuthEnv.model_validate(names)
         if auth.access_token is not None:
-            env = [_ref_env(ENV_GIT_TOKEN, auth.access_token, "spec.gitAuth.accessToken")]
+            env = [inline.ref_env(ENV_GIT_TOKEN, auth.access_token, "spec.gitAuth.accessToken")]
             return env, GitAuthEnv.model_validate({"tokenEnv": ENV_GIT_TOKEN})
         if auth.basic_auth is not None:
             env = [
                 _ref_env(ENV_GIT_USERNAME, auth.basic_auth.user_name, "basicAuth.userName"),
-                _ref_env(ENV_GIT_PASSWORD, auth.basic_auth.password, "basicAuth.password"),
+                inline.ref_env(ENV_GIT_PASSWORD, auth.basic_auth.password, "basicAuth.password"),
             ]
             return env, GitAuthEnv.model_validate(
                 {"usernameEnv": ENV_GIT_USERNAME, "passwordEnv": ENV_GIT_PASSWORD}
@@ -404,10 +496,11 @@ def build_snapshot(
     project_info: ProjectInfo | None,
     config_from_env: dict[str, ValueFromEnv],
     git_auth: GitAuthEnv | None,
+    secrets_from_env: dict[str, str],
     program: Mapping[str, Any] | None = None,
 ) -> RunSnapshot:
     meta = stack.get("metadata") or {}
-    manifest = spec.to_manifest()
+    manifest = without_inline_secrets(spec.to_manifest())
     if run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
         manifest["refresh"] = True
     return RunSnapshot(
@@ -421,6 +514,7 @@ def build_snapshot(
         commit=run.commit,
         project_info=project_info,
         config_from_env=config_from_env,
+        secrets_from_env=secrets_from_env,
         git_auth=git_auth,
         program=program_snapshot(program) if program is not None else None,
         result_config_map=name,
@@ -452,6 +546,15 @@ def _replace_container(pod_spec: JSON, container: JSON) -> None:
     ]
 
 
+@dataclass(frozen=True)
+class RunObjects:
+    """A run's Job, and the inputs its pod reads that do not fit into it (usually none)."""
+
+    job: JSON
+    # Created right after the Job, owned by it (``owned_by_job``); the pod waits for them.
+    inputs: tuple[JSON, ...] = ()
+
+
 def build_job(
     stack: Mapping[str, Any],
     spec: StackSpec,
@@ -462,7 +565,23 @@ def build_job(
     insecure_http_git_hosts: Sequence[str] = (),
     program: Mapping[str, Any] | None = None,
 ) -> JSON:
-    """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``).
+    """The Job alone (see ``build_run``), for callers that only look at it."""
+    return build_run(
+        stack, spec, run, settings, template, project_info, insecure_http_git_hosts, program
+    ).job
+
+
+def build_run(
+    stack: Mapping[str, Any],
+    spec: StackSpec,
+    run: Run,
+    settings: JobSettings,
+    template: Mapping[str, Any],
+    project_info: ProjectInfo | None = None,
+    insecure_http_git_hosts: Sequence[str] = (),
+    program: Mapping[str, Any] | None = None,
+) -> RunObjects:
+    """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``), and its inputs.
 
     ``insecure_http_git_hosts`` are the hosts to which the operator lets git credentials
     travel over plain ``http://`` (``Settings.insecure_http_git_hosts``). ``program`` is the
@@ -476,7 +595,8 @@ def build_job(
     workspace = spec.workspace_template.spec if spec.workspace_template else None
     _check_git_transport(spec, insecure_http_git_hosts)
     workspace_env = copy.deepcopy((workspace.env if workspace else None) or [])
-    environment = _environment(spec, workspace_env)
+    inline = _InlineSecrets(run_secret_name(name), {})
+    environment = _environment(spec, workspace_env, inline)
     snapshot = build_snapshot(
         stack,
         spec,
@@ -485,6 +605,7 @@ def build_job(
         project_info,
         environment.config_from_env,
         environment.git_auth,
+        environment.secrets_from_env,
         program if spec.program_ref is not None else None,
     )
     annotations = {JOB_STACK_UID_ANNOTATION: uid, RUN_ANNOTATION: run.to_annotation()}
@@ -570,16 +691,79 @@ def build_job(
         }
     )
     runner["command"] = _runner_command(pod_template["spec"], runner, settings)
-    runner["args"] = [SNAPSHOT_FLAG, snapshot.model_dump_json(by_alias=True, exclude_none=True)]
+    input_labels = {**labels, RUN_INPUT_LABEL: name}
+    del input_labels[MANAGED_BY_LABEL]
+    runner["args"], inputs = snapshot_transport(
+        snapshot.model_dump_json(by_alias=True, exclude_none=True), name, namespace, input_labels
+    )
+    if inline.values:
+        inputs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": inline.secret_name,
+                    "namespace": namespace,
+                    "labels": input_labels,
+                },
+                "type": "Opaque",
+                "immutable": True,
+                "stringData": inline.values,
+            }
+        )
     # The runner's cancellation budget is the grace period the pod really gets.
     grace = pod_template["spec"].get("terminationGracePeriodSeconds")
+    owned = {ENV_GRACE_PERIOD, JOB_UID_ENV}
     runner["env"] = [
-        *(e for e in runner.get("env") or [] if e.get("name") != ENV_GRACE_PERIOD),
+        *(e for e in runner.get("env") or [] if e.get("name") not in owned),
         {"name": ENV_GRACE_PERIOD, "value": str(grace)},
+        {
+            "name": JOB_UID_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}},
+        },
     ]
     _replace_container(pod_template["spec"], runner)
     _check_pod_security(pod_template, level, template_fields)
-    return job
+    return RunObjects(job, tuple(inputs))
+
+
+def snapshot_transport(
+    text: str, job: str, namespace: str, labels: Mapping[str, str]
+) -> tuple[list[str], list[JSON]]:
+    """The runner's arguments for snapshot ``text``, and the ConfigMaps that hold it when it
+    is too large to be an argument itself (then the arguments name them and its SHA-256)."""
+    if len(text.encode("utf-8")) <= MAX_INLINE_SNAPSHOT_BYTES:
+        return [SNAPSHOT_FLAG, text], []
+    args: list[str] = []
+    configmaps: list[JSON] = []
+    for index, part in enumerate(split_snapshot(text)):
+        name = f"{job}-snapshot-{index}"
+        args += [SNAPSHOT_CONFIGMAP_FLAG, f"{namespace}/{name}"]
+        configmaps.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+                "immutable": True,
+                "data": {SNAPSHOT_KEY: part},
+            }
+        )
+    return [*args, SNAPSHOT_SHA256_FLAG, snapshot_sha256(text)], configmaps
+
+
+def owned_by_job(obj: Mapping[str, Any], job_name: str, job_uid: str) -> JSON:
+    """Run input ``obj`` owned by its Job, so the garbage collector removes it with the Job."""
+    owned: JSON = copy.deepcopy(dict(obj))
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job_name,
+            "uid": job_uid,
+            "controller": True,
+        }
+    ]
+    return owned
 
 
 def _check_git_transport(spec: StackSpec, allowed_hosts: Sequence[str]) -> None:

@@ -103,7 +103,8 @@ from pkobatch.controller.jobs import (
     JobBuildError,
     Run,
     RunKind,
-    build_job,
+    RunObjects,
+    build_run,
     job_name,
 )
 from pkobatch.controller.schedule import (
@@ -216,6 +217,10 @@ class Plan:
     """The desired status; None: leave status alone (the Stack is going away)."""
     finalizer: Literal["add", "remove"] | None = None
     create_job: JSON | None = None
+    # What the pod of the new (or an adopted) Job reads besides the Job: inline secret values,
+    # a large snapshot. Created after the Job, owned by it.
+    create_inputs: tuple[JSON, ...] = ()
+    inputs_job: str = ""
     run: Run | None = None
     delete_jobs: list[JobDeletion] = field(default_factory=list)
     delete_results: list[str] = field(default_factory=list)
@@ -460,6 +465,7 @@ class _Planner:
             run = Run.from_job(job)
             assert run is not None
             self._set_current(run, str(job["metadata"]["name"]))
+            self._repair_inputs(job, run)
 
     def _set_current(self, run: Run, name: str) -> None:
         self.status["currentUpdate"] = {
@@ -564,6 +570,38 @@ class _Planner:
         else:
             self._drifted("False", NO_DRIFT_REASON, f"no drift found (check {name})")
 
+    def _build(self, run: Run) -> RunObjects:
+        assert self.spec is not None
+        project_info = None
+        if self.status.get("projectInfo"):
+            try:
+                project_info = ProjectInfo.model_validate(self.status["projectInfo"])
+            except ValueError:
+                project_info = None
+        return build_run(
+            self.obs.stack,
+            self.spec,
+            run,
+            self.settings.job,
+            self.template,
+            project_info,
+            insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
+            program=self.obs.source_object.obj if self.obs.source_object else None,
+        )
+
+    def _repair_inputs(self, job: Mapping[str, Any], run: Run) -> None:
+        """An adopted Job was created by a reconcile that may have stopped before its inputs:
+        create them again (``AlreadyExists`` when they are there), if the spec is unchanged."""
+        if self.spec is None or run.generation != self.generation:
+            return
+        try:
+            objects = self._build(run)
+        except JobBuildError:
+            return
+        if objects.job["metadata"]["name"] == job["metadata"]["name"]:
+            self.result.create_inputs = objects.inputs
+            self.result.inputs_job = str(job["metadata"]["name"])
+
     def _start(self, run: Run, reason: str) -> bool:
         """Plan the Job for ``run``; False when it cannot start now (the status says why)."""
         assert self.spec is not None
@@ -584,23 +622,8 @@ class _Planner:
             )
             self._requeue_in(SLOT_RECHECK)
             return False
-        project_info = None
-        if self.status.get("projectInfo"):
-            try:
-                project_info = ProjectInfo.model_validate(self.status["projectInfo"])
-            except ValueError:
-                project_info = None
         try:
-            job = build_job(
-                self.obs.stack,
-                self.spec,
-                run,
-                self.settings.job,
-                self.template,
-                project_info,
-                insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
-                program=self.obs.source_object.obj if self.obs.source_object else None,
-            )
+            objects = self._build(run)
         except JobBuildError as exc:
             self._stalled(STALLED_SPEC_INVALID_REASON, str(exc), EVENT_CONFIG_INVALID)
             return False
@@ -612,7 +635,9 @@ class _Planner:
                 EVENT_CONFIG_INVALID,
             )
             return False
-        self.result.create_job = job
+        self.result.create_job = objects.job
+        self.result.create_inputs = objects.inputs
+        self.result.inputs_job = name
         self.result.run = run
         self._set_current(run, name)
         if _changes_stack(run):
@@ -1197,7 +1222,7 @@ def run_refusal(
     at once and the branch poller never sends its credentials anywhere.
     """
     try:
-        build_job(
+        build_run(
             stack,
             spec,
             _PROBE_RUN,

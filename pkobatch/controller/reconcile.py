@@ -244,6 +244,8 @@ class StackReconciler:
             result = plan(replace(observed, slot_available=False), self._settings, self._template)
         try:
             result = self._create_job(key, observed, result)
+            if result.create_job is None:
+                self._actor.create_inputs(result.inputs_job, key.namespace, result.create_inputs)
             self._actor.apply(observed.stack, result)
         except Conflict:
             # Status computed from a stale cache (or a concurrent edit): look again shortly.
@@ -257,7 +259,7 @@ class StackReconciler:
         if result.create_job is None:
             return result
         try:
-            self._actor.create_job(result.create_job)
+            self._actor.create_job(result.create_job, result.create_inputs)
         except NamespaceTerminating:
             self.admission.forget(key)
             return plan(

@@ -7,8 +7,9 @@ append it here in the same change; the test then names the manifest rule to upda
 
 Two deliberate limits, documented in ``docs/install.md``:
 
-- Secrets: the controller may only ``get`` them (git credentials for branch polling). It never
-  lists or watches Secrets; run pods receive secret values through the kubelet.
+- Secrets: the controller may only ``get`` them (git credentials for branch polling) and
+  ``create`` them (a run's Secret of the secret values a Stack holds inline). It never lists,
+  watches, changes or deletes Secrets; run pods receive secret values through the kubelet.
 - Leases: the controller uses them only in its own namespace (leader election), so they are
   granted by a Role there, not by the cluster-wide ClusterRole.
 
@@ -45,10 +46,12 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("batch", "jobs", "watch"),
     ("batch", "jobs", "create"),
     ("batch", "jobs", "delete"),
-    # Result ConfigMaps written by the runner; deleted with history pruning.
+    # Result ConfigMaps written by the runner; deleted with history pruning. Created: the
+    # snapshot of a run too large for the Job's arguments (owned by its Job).
     ("", "configmaps", "get"),
     ("", "configmaps", "list"),
     ("", "configmaps", "watch"),
+    ("", "configmaps", "create"),
     ("", "configmaps", "delete"),
     # Pods of run Jobs: why a Job failed without a result (OOM, image pull, eviction).
     ("", "pods", "get"),
@@ -61,8 +64,10 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     # The Job controller's FailedCreate Events of a Job that has no pod (missing
     # ServiceAccount, quota, admission): listed per Job by field selector, never watched.
     ("", "events", "list"),
-    # Git credentials for branch polling; the only Secret access (see the module docstring).
+    # Git credentials for branch polling; a run's Secret of inline secret values (owned by its
+    # Job). The only Secret access (see the module docstring).
     ("", "secrets", "get"),
+    ("", "secrets", "create"),
     # Leader election, in the controller's own namespace only.
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
@@ -77,9 +82,9 @@ CONTROLLER_OWN_NAMESPACE_RESOURCES: Final[frozenset[tuple[str, str]]] = frozense
 )
 
 RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
-    # The run reads its own Job (UID for the result's owner reference).
+    # The run reads its own Job (labels and deadline; its UID also comes from the pod's label).
     ("batch", "jobs", "get"),
-    # The run's result ConfigMap (named after the Job).
+    # The run's result ConfigMap (named after the Job); get also reads a large snapshot.
     ("", "configmaps", "create"),
     ("", "configmaps", "get"),
     ("", "configmaps", "update"),

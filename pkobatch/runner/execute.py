@@ -102,6 +102,7 @@ def runner_only_env_names(snapshot: RunSnapshot) -> set[str]:
     on in its own way — so neither Pulumi nor the program gets them."""
     auth = snapshot.git_auth
     names = {source.env for source in snapshot.config_from_env.values()}
+    names |= set(snapshot.secrets_from_env.values())
     if auth is not None:
         names |= {n for n in auth.model_dump().values() if n}
     return names
@@ -195,7 +196,7 @@ def _execute(run: _Run) -> Outcome:
         if spec.project_repo
         else None
     )
-    config = collect_config(spec, snapshot.config_from_env, env)
+    config = collect_config(spec, snapshot.config_from_env, env, snapshot.secrets_from_env)
     redactor = log.redactor
     redactor.add(*(credentials.secrets() if credentials else []), *secret_values(config))
     redactor.add_env(env, secret_env_names(snapshot, spec))

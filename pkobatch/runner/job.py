@@ -3,10 +3,12 @@
 Order matters for speed and for safety:
 
 1. signal handlers first, so a SIGTERM at any moment ends the run cleanly;
-2. reading the run's own Job (for the result's owner reference, labels and deadline) runs on
-   a thread while the run checks out and runs Pulumi (it pays for importing and connecting the
+2. reading the run's own Job (for the result's labels and the deadline) runs on a thread
+   while the run checks out and runs Pulumi (it pays for importing and connecting the
    Kubernetes client, which the run itself does not need); with a deadline, the run stops
-   itself a grace period before it (``Cancellation.stop_before``);
+   itself a grace period before it (``Cancellation.stop_before``). The result's owner, the
+   Job's UID, comes from the pod's environment (``PKOBATCH_JOB_UID``), so a Job the run cannot
+   read (API unreachable, no RBAC) does not cost the result its owner;
 3. the run (``execute``), then the result ConfigMap, then the exit status.
 
 Exit status: 0 the run succeeded and its result was written; 1 it failed and its result was
@@ -21,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import Final, TextIO
 
-from pkobatch.api.run import RunResult, RunSnapshot
+from pkobatch.api.run import JOB_UID_ENV, RunResult, RunSnapshot
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.execute import execute, runner_only_env_names
 from pkobatch.runner.log import RunLog
@@ -65,7 +67,12 @@ def run_job(
         from pkobatch.kube.client import Kube  # the client is slow to import: off the hot path
         from pkobatch.runner.report import ResultNotWritten, ResultWriter, job_deadline
 
-        writer = ResultWriter(Kube.connect, snapshot.stack.namespace, snapshot.result_config_map)
+        writer = ResultWriter(
+            Kube.connect,
+            snapshot.stack.namespace,
+            snapshot.result_config_map,
+            job_uid=env.get(JOB_UID_ENV, ""),
+        )
         job_error: list[str] = []
 
         def read_job() -> None:
@@ -87,10 +94,15 @@ def run_job(
         return status
     reader.join(timeout=min(JOB_READ_WAIT_SECONDS, cancellation.seconds_left()))
     if job_error or writer.job is None:
+        owner = (
+            f"it is owned by the Job's UID from ${JOB_UID_ENV}"
+            if writer.job_uid
+            else f"${JOB_UID_ENV} is unset too: the result is written without an owner reference"
+        )
         log.step(
             f"could not read Job {snapshot.stack.namespace}/{snapshot.result_config_map} "
-            f"({'; '.join(job_error) or 'timed out'}): the result is written without an owner "
-            "reference (check the runner's RBAC: get on batch/v1 jobs)"
+            f"({'; '.join(job_error) or 'timed out'}); {owner} (check the runner's RBAC: get "
+            "on batch/v1 jobs)"
         )
     limit = max(1.0, cancellation.seconds_left()) if cancellation.requested else 60.0
     try:

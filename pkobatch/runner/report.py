@@ -1,13 +1,17 @@
-"""Writing a run's result ConfigMap (the runner's only Kubernetes writes).
+"""The runner's Kubernetes calls: reading a large snapshot, writing the result ConfigMap.
 
-The ConfigMap is named after the Job, lives in its namespace, and is owned by the Job, so it
-goes when the Job goes. The Job's UID is not known before the Job exists, so the runner reads
-its own Job (``get`` on ``batch/v1 jobs``) — which also yields the Job's labels (copied onto the
-result) and its deadline (to tell ``DeadlineExceeded`` from ``Cancelled``). The API calls are
-listed in ``pkobatch.kube.rbac.RUNNER_API_CALLS``.
+The result ConfigMap is named after the Job, lives in its namespace, and is owned by the Job,
+so it goes when the Job goes. The Job's UID is not known before the Job exists: the pod gets it
+from the label the Job controller puts on its pods (``batch.kubernetes.io/controller-uid``,
+through the downward API, variable ``PKOBATCH_JOB_UID``), so an API server the runner cannot
+reach at start does not cost the result its owner. The runner also reads its own Job (``get``
+on ``batch/v1 jobs``) for its labels (copied onto the result) and its deadline (to tell
+``DeadlineExceeded`` from ``Cancelled``); both have fallbacks. The API calls are listed in
+``pkobatch.kube.rbac.RUNNER_API_CALLS``.
 
 Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff,
-within a bounded number of attempts and the time the run has left.
+within a bounded number of attempts and the time the run has left. A snapshot ConfigMap that
+is not there yet is waited for too: the controller creates it right after the Job.
 """
 
 from __future__ import annotations
@@ -17,18 +21,31 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from pkobatch.api.run import RunResult
-from pkobatch.kube.client import CONFIGMAPS, JOBS, AlreadyExists, Conflict, Kube, KubeError
+from pkobatch.api.run import SNAPSHOT_KEY, RunResult, snapshot_sha256
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    AlreadyExists,
+    Conflict,
+    Kube,
+    KubeError,
+    NotFound,
+)
 from pkobatch.runner.result import result_config_map, result_labels
 
 MAX_ATTEMPTS: Final = 6
 FIRST_BACKOFF_SECONDS: Final = 0.5
 MAX_BACKOFF_SECONDS: Final = 8.0
+SNAPSHOT_WAIT_SECONDS: Final = 120.0
 _TRANSIENT_STATUSES: Final = frozenset({0, 429, 500, 502, 503, 504})
 
 
 class ResultNotWritten(Exception):
     """The result ConfigMap could not be written."""
+
+
+class SnapshotUnreadable(Exception):
+    """The snapshot's ConfigMaps could not be read, or do not hold what the Job says."""
 
 
 def is_transient(error: KubeError) -> bool:
@@ -48,6 +65,96 @@ def job_deadline(job: dict[str, Any]) -> datetime | None:
     )
 
 
+class _Connection:
+    """One API connection, made on first use, with bounded retries of transient errors."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Kube],
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._kube: Kube | None = None
+        self._sleep = sleep
+        self._clock = clock
+
+    def retrying(
+        self,
+        call: Callable[[Kube], Any],
+        time_limit: float,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        retry_not_found: bool = False,
+    ) -> Any:
+        """``call``'s value; raises the last ``KubeError`` when attempts or time run out."""
+        give_up_at = self._clock() + time_limit
+        backoff = FIRST_BACKOFF_SECONDS
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if self._kube is None:
+                    self._kube = self._connect()
+                return call(self._kube)
+            except KubeError as error:
+                retry = is_transient(error) or (retry_not_found and isinstance(error, NotFound))
+                if not retry or attempt >= max_attempts or self._clock() + backoff > give_up_at:
+                    raise
+                self._sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def close(self) -> None:
+        if self._kube is not None:
+            self._kube.close()
+
+
+def read_snapshot(
+    connect: Callable[[], Kube],
+    configmaps: list[str],
+    sha256: str,
+    *,
+    time_limit: float = SNAPSHOT_WAIT_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """The snapshot held in ``configmaps`` (``namespace/name``, in order), checked against the
+    SHA-256 the Job records; waits up to ``time_limit`` for ConfigMaps not created yet."""
+    connection = _Connection(connect, sleep, clock)
+    parts: list[str] = []
+    try:
+        for ref in configmaps:
+            namespace, _, name = ref.partition("/")
+            if not namespace or not name:
+                raise SnapshotUnreadable(f"{ref!r} is not NAMESPACE/NAME")
+
+            def get(kube: Kube, name: str = name, namespace: str = namespace) -> Any:
+                return kube.get(CONFIGMAPS, name, namespace)
+
+            try:
+                configmap = connection.retrying(
+                    get,
+                    time_limit,
+                    max_attempts=1000,
+                    retry_not_found=True,
+                )
+            except KubeError as error:
+                raise SnapshotUnreadable(f"reading ConfigMap {ref}: {error}") from None
+            part = (configmap.get("data") or {}).get(SNAPSHOT_KEY)
+            if not isinstance(part, str):
+                raise SnapshotUnreadable(f"ConfigMap {ref} has no {SNAPSHOT_KEY}")
+            parts.append(part)
+    finally:
+        connection.close()
+    text = "".join(parts)
+    if snapshot_sha256(text) != sha256:
+        raise SnapshotUnreadable(
+            f"the snapshot in ConfigMaps {', '.join(configmaps)} is not the one the Job records "
+            f"(SHA-256 {sha256}): it was changed after the Job was created"
+        )
+    return text
+
+
 class ResultWriter:
     """Reads the run's Job and writes its result ConfigMap."""
 
@@ -57,33 +164,22 @@ class ResultWriter:
         namespace: str,
         name: str,
         *,
+        job_uid: str = "",
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._connect = connect
-        self._kube: Kube | None = None
+        self._connection = _Connection(connect, sleep, clock)
         self.namespace = namespace
         self.name = name
+        # From the pod's label (downward API); the Job read, when it succeeds, confirms it.
+        self.job_uid = job_uid
         self.job: dict[str, Any] | None = None
-        self._sleep = sleep
-        self._clock = clock
 
     def _retrying(self, what: str, call: Callable[[Kube], Any], time_limit: float) -> Any:
-        give_up_at = self._clock() + time_limit
-        backoff = FIRST_BACKOFF_SECONDS
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            try:
-                if self._kube is None:
-                    self._kube = self._connect()
-                return call(self._kube)
-            except KubeError as error:
-                last = error
-                out_of_time = self._clock() + backoff > give_up_at
-                if not is_transient(error) or attempt == MAX_ATTEMPTS or out_of_time:
-                    break
-                self._sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-        raise ResultNotWritten(f"{what}: {last}")
+        try:
+            return self._connection.retrying(call, time_limit)
+        except KubeError as error:
+            raise ResultNotWritten(f"{what}: {error}") from None
 
     def load_job(self, time_limit: float = 30.0) -> dict[str, Any]:
         """The run's Job (kept in ``self.job``)."""
@@ -102,7 +198,7 @@ class ResultWriter:
             name=self.name,
             namespace=self.namespace,
             labels=result_labels(metadata.get("labels") or {}, result.stack.name, result.operation),
-            job_uid=metadata.get("uid"),
+            job_uid=metadata.get("uid") or self.job_uid,
         )
 
         def put(kube: Kube) -> None:
@@ -116,5 +212,4 @@ class ResultWriter:
         self._retrying(f"writing ConfigMap {self.namespace}/{self.name}", put, time_limit)
 
     def close(self) -> None:
-        if self._kube is not None:
-            self._kube.close()
+        self._connection.close()

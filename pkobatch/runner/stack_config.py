@@ -4,8 +4,13 @@ Sources, applied in this order (a later source wins for the same key): ``spec.co
 (structured values allowed), ``spec.configRef``, ``spec.secrets`` (deprecated inline
 secrets), ``spec.secretsRef``. Values from ConfigMaps and Secrets reach the run as
 environment variables the kubelet fills; ``snapshot.configFromEnv`` maps each key to its
-variable. Everything is set in one ``pulumi config set-all --json`` call, which takes strings
-and structured values alike and encrypts the secret ones.
+variable. In a Job, inline secret values (``spec.secrets``, ``Literal`` secretsRef) arrive the
+same way, from the run's Secret (``snapshot.secretsFromEnv``, ``configFromEnv``): the spec in
+the snapshot holds ``[secret]`` in their place. Without a mapping (``pkobatch run`` on a
+workstation) the spec's own value is used.
+
+Everything is set in one ``pulumi config set-all --json`` call, which takes strings and
+structured values alike and encrypts the secret ones.
 """
 
 from __future__ import annotations
@@ -59,7 +64,10 @@ def _missing_mapping(origin: str, key: str) -> RunFailure:
 
 
 def collect_config(
-    spec: StackSpec, config_from_env: Mapping[str, ValueFromEnv], env: Mapping[str, str]
+    spec: StackSpec,
+    config_from_env: Mapping[str, ValueFromEnv],
+    env: Mapping[str, str],
+    secrets_from_env: Mapping[str, str] | None = None,
 ) -> dict[str, ConfigItem]:
     """Every config value the run sets, by key."""
     items: dict[str, ConfigItem] = {}
@@ -72,15 +80,24 @@ def collect_config(
         holder = f"key {cm_ref.key} of ConfigMap {cm_ref.name}"
         items[key] = _from_env(key, source, env, "spec.configRef", holder)
     for key, value in (spec.secrets or {}).items():
-        items[key] = ConfigItem(value, secret=True)
+        variable = (secrets_from_env or {}).get(key)
+        if variable is None:
+            items[key] = ConfigItem(value, secret=True)
+            continue
+        source = ValueFromEnv(env=variable, secret=True)
+        items[key] = _from_env(key, source, env, "spec.secrets", "the run's Secret")
     for key, ref in sorted((spec.secrets_ref or {}).items()):
-        if ref.type == "Literal" and ref.literal is not None:
+        source = config_from_env.get(key)
+        if source is None and ref.type == "Literal" and ref.literal is not None:
             items[key] = ConfigItem(ref.literal.value, secret=True)
             continue
-        source = config_from_env.get(key)
-        if source is None or ref.secret is None:
+        if source is None or (ref.secret is None and ref.literal is None):
             raise _missing_mapping("spec.secretsRef", key)
-        holder = f"key {ref.secret.key} of Secret {ref.secret.name}"
+        holder = (
+            f"key {ref.secret.key} of Secret {ref.secret.name}"
+            if ref.secret is not None
+            else "the run's Secret"
+        )
         secret_source = source.model_copy(update={"secret": True})
         items[key] = _from_env(key, secret_source, env, "spec.secretsRef", holder)
     return items

@@ -10,7 +10,13 @@ import pytest
 
 from pkobatch.api.constants import OPERATION_LABEL, STACK_LABEL, STACK_NAME_ANNOTATION
 from pkobatch.api.pod_security import check_pod
-from pkobatch.api.run import ProjectInfo, RunSnapshot
+from pkobatch.api.run import (
+    MAX_INLINE_SNAPSHOT_BYTES,
+    SNAPSHOT_PART_BYTES,
+    ProjectInfo,
+    RunSnapshot,
+    snapshot_sha256,
+)
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import JobSettings, Settings
 from pkobatch.controller.jobs import (
@@ -18,10 +24,13 @@ from pkobatch.controller.jobs import (
     RUN_ANNOTATION,
     JobBuildError,
     Run,
+    RunObjects,
     build_job,
+    build_run,
     builtin_template,
     job_name,
     merge_named,
+    owned_by_job,
     parse_template,
     stack_label_value,
 )
@@ -267,7 +276,11 @@ def test_config_and_secret_refs_reach_the_runner_through_named_env() -> None:
     assert by_key["app:password"]["secret"] is True
     password_env = by_key["app:password"]["env"]
     assert variables[password_env]["valueFrom"] == secret_ref("db", "password")
-    assert variables[by_key["app:literal"]["env"]]["value"] == "plain"
+    # A literal secret travels through the run's Secret, like spec.secrets (below).
+    literal_env = by_key["app:literal"]["env"]
+    assert variables[literal_env]["valueFrom"] == {
+        "secretKeyRef": {"name": f"{job['metadata']['name']}-secrets", "key": literal_env}
+    }
 
 
 @pytest.mark.parametrize(
@@ -707,3 +720,142 @@ def test_no_secret_values_can_be_in_a_job() -> None:
     for variable in container(job)["env"]:
         assert "value" not in variable or variable["name"] == "PKOBATCH_GRACE_PERIOD_SECONDS"
     assert json.dumps(job).count("secretKeyRef") == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Inline secret values, a large snapshot, the Job's UID: how they reach the run
+# ---------------------------------------------------------------------------------------
+
+SENTINEL = "sentinel-inline-5f1d"
+
+
+def build_objects(spec: dict[str, Any]) -> RunObjects:
+    return build_run(
+        stack(),
+        StackSpec.model_validate({"stack": "dev", **spec}),
+        RUN,
+        JobSettings(),
+        builtin_template(),
+    )
+
+
+def test_inline_secret_values_go_into_a_secret_of_the_run() -> None:
+    objects = build_objects(
+        {
+            "projectRepo": "https://g/x.git",
+            "branch": "main",
+            "config": {"app:plain": "visible"},
+            "secrets": {"app:b": f"{SENTINEL}-b", "app:a": f"{SENTINEL}-a"},
+            "secretsRef": {"app:lit": {"type": "Literal", "literal": {"value": f"{SENTINEL}-l"}}},
+            "gitAuth": {
+                "basicAuth": {
+                    "userName": {"type": "Literal", "literal": {"value": "bot"}},
+                    "password": {"type": "Literal", "literal": {"value": f"{SENTINEL}-pw"}},
+                }
+            },
+        }
+    )
+    job = objects.job
+    assert SENTINEL not in json.dumps(job)
+    name = job["metadata"]["name"]
+    [secret] = objects.inputs
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == f"{name}-secrets"
+    assert secret["immutable"] is True
+    assert secret["stringData"] == {
+        "PKOBATCH_INLINE_SECRET_0": f"{SENTINEL}-a",
+        "PKOBATCH_INLINE_SECRET_1": f"{SENTINEL}-b",
+        "PKOBATCH_SECRET_0": f"{SENTINEL}-l",
+        "PKOBATCH_GIT_PASSWORD": f"{SENTINEL}-pw",
+    }
+    variables = env(job)
+    for key in secret["stringData"]:
+        ref = {"secretKeyRef": {"name": f"{name}-secrets", "key": key}}
+        assert variables[key]["valueFrom"] == ref  # not optional: the pod waits for it
+    assert variables["PKOBATCH_GIT_USERNAME"]["value"] == "bot"
+    snap = snapshot(job)
+    assert snap.spec["secrets"] == {"app:a": "[secret]", "app:b": "[secret]"}
+    assert snap.spec["secretsRef"]["app:lit"]["literal"]["value"] == "[secret]"
+    assert snap.spec["gitAuth"]["basicAuth"]["password"]["literal"]["value"] == "[secret]"
+    assert snap.spec["config"] == {"app:plain": "visible"}
+    assert snap.secrets_from_env == {
+        "app:a": "PKOBATCH_INLINE_SECRET_0",
+        "app:b": "PKOBATCH_INLINE_SECRET_1",
+    }
+    # The runner scrubs them from everything it writes.
+    assert set(secret["stringData"]) <= set(snap.secret_env)
+    # Owned by nothing yet: the controller adds the Job as owner once it exists.
+    assert "ownerReferences" not in secret["metadata"]
+    assert "app.kubernetes.io/managed-by" not in secret["metadata"]["labels"]
+
+
+def test_a_stack_without_inline_secrets_needs_nothing_but_its_job() -> None:
+    objects = build_objects(
+        {"secretsRef": {"p": {"type": "Secret", "secret": {"name": "s", "key": "p"}}}}
+    )
+    assert objects.inputs == ()
+
+
+def test_an_inline_secret_too_large_for_the_environment_is_refused() -> None:
+    with pytest.raises(JobBuildError, match=r"spec\.secrets\.big: the value is larger"):
+        build_objects({"secrets": {"big": "x" * (200 * 1024)}})
+
+
+def test_a_large_snapshot_travels_in_configmaps_and_the_job_records_its_digest() -> None:
+    big = "é" + "x" * (1024 * 1024)  # a 1 MB config value, with a two-byte character
+    objects = build_objects({"config": {"app:big": big}, "secrets": {"s": SENTINEL}})
+    job = objects.job
+    name = job["metadata"]["name"]
+    args = container(job)["args"]
+    parts = [obj for obj in objects.inputs if obj["kind"] == "ConfigMap"]
+    assert len(parts) == 2
+    assert args == [
+        "--snapshot-configmap",
+        f"team/{name}-snapshot-0",
+        "--snapshot-configmap",
+        f"team/{name}-snapshot-1",
+        "--snapshot-sha256",
+        snapshot_sha256("".join(p["data"]["snapshot.json"] for p in parts)),
+    ]
+    assert len(json.dumps(job)) < MAX_INLINE_SNAPSHOT_BYTES
+    for part in parts:
+        assert len(part["data"]["snapshot.json"].encode()) <= SNAPSHOT_PART_BYTES
+        assert part["immutable"] is True
+        assert "app.kubernetes.io/managed-by" not in part["metadata"]["labels"]
+        assert part["metadata"]["labels"]["pkobatch.io/run-input-of"] == name
+    text = "".join(p["data"]["snapshot.json"] for p in parts)
+    snap = RunSnapshot.model_validate_json(text)
+    assert snap.spec["config"]["app:big"] == big
+    # Secret values stay out of the ConfigMaps: they are in the run's Secret.
+    assert SENTINEL not in text
+    assert [obj["kind"] for obj in objects.inputs] == ["ConfigMap", "ConfigMap", "Secret"]
+
+
+def test_a_small_snapshot_stays_in_the_job() -> None:
+    objects = build_objects({"config": {"app:v": "x" * 1000}})
+    assert objects.inputs == ()
+    assert snapshot(objects.job).spec["config"]["app:v"] == "x" * 1000
+
+
+def test_the_runner_learns_its_job_uid_from_the_pod_label() -> None:
+    variables = env(build({}))
+    assert variables["PKOBATCH_JOB_UID"] == {
+        "name": "PKOBATCH_JOB_UID",
+        "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}
+        },
+    }
+
+
+def test_inputs_are_owned_by_their_job() -> None:
+    objects = build_objects({"secrets": {"s": SENTINEL}})
+    owned = owned_by_job(objects.inputs[0], "app-up-1", "job-uid")
+    assert owned["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "app-up-1",
+            "uid": "job-uid",
+            "controller": True,
+        }
+    ]
+    assert "ownerReferences" not in objects.inputs[0]["metadata"]

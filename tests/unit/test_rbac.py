@@ -58,9 +58,10 @@ def test_every_call_names_a_resource_pkobatch_kube_defines(owner: str) -> None:
 
 
 def test_controller_reads_secrets_only_by_name() -> None:
-    """The documented exception: `get` for git credentials; never list or watch Secrets."""
+    """The documented exceptions: `get` for git credentials, `create` for a run's Secret of
+    inline secret values; never list, watch, change or delete Secrets."""
     secret_verbs = {verb for group, resource, verb in CONTROLLER_API_CALLS if resource == "secrets"}
-    assert secret_verbs == {"get"}
+    assert secret_verbs == {"get", "create"}
 
 
 def test_runner_touches_no_secrets_and_no_stacks() -> None:

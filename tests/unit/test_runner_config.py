@@ -59,6 +59,29 @@ def test_a_secret_ref_is_secret_even_if_the_snapshot_forgot_to_say_so() -> None:
     assert items["k"].secret
 
 
+def test_in_a_job_inline_secrets_come_from_the_runs_secret() -> None:
+    # The Job's snapshot holds "[secret]" in place of inline values; the kubelet fills the
+    # variables from the run's Secret.
+    items = collect_config(
+        spec(
+            secrets={"inline": "[secret]"},
+            secretsRef={"lit": {"type": "Literal", "literal": {"value": "[secret]"}}},
+        ),
+        {"lit": ValueFromEnv(env="PKOBATCH_SECRET_0")},
+        {"PKOBATCH_INLINE_SECRET_0": "real-inline", "PKOBATCH_SECRET_0": "real-literal"},
+        {"inline": "PKOBATCH_INLINE_SECRET_0"},
+    )
+    assert items == {
+        "inline": ConfigItem("real-inline", True),
+        "lit": ConfigItem("real-literal", True),
+    }
+
+
+def test_a_missing_runs_secret_is_named() -> None:
+    with pytest.raises(RunFailure, match=r"spec\.secrets\.inline: the run's Secret does not exist"):
+        collect_config(spec(secrets={"inline": "[secret]"}), {}, {}, {"inline": "V"})
+
+
 def test_later_sources_win() -> None:
     items = collect_config(spec(config={"k": "plain"}, secrets={"k": "secret"}), {}, {})
     assert items == {"k": ConfigItem("secret", True)}
