@@ -4,7 +4,10 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
 
 - the runner wrote its result ConfigMap: the result, accepted only if the ConfigMap is
   owned by this very Job (name and UID) and belongs to this Stack — even before the Job
-  controller marks the Job finished;
+  controller marks the Job finished. A runner that knows neither its Job's UID (the pod
+  label, ``PKOBATCH_JOB_UID``) nor could read its Job writes its result without an owner;
+  such a result still counts when it was created no earlier than the Job, since a left-over
+  of an earlier Job of the same name would be older (a real result is never discarded);
 - the Job ended without a (valid) result: a failure whose reason comes from the Job's
   conditions — ``DeadlineExceeded`` for ``activeDeadlineSeconds``, ``Interrupted`` when the
   pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain), otherwise
@@ -131,12 +134,19 @@ def read_result(
         return None, ""
     job_meta = job.get("metadata") or {}
     meta = configmap.get("metadata") or {}
+    owners = meta.get("ownerReferences") or ()
     owned = any(
         owner.get("kind") == "Job"
         and owner.get("name") == job_meta.get("name")
         and owner.get("uid") == job_meta.get("uid")
-        for owner in meta.get("ownerReferences") or ()
+        for owner in owners
     )
+    if not owners:
+        written, started = (
+            parse_time(meta.get("creationTimestamp")),
+            parse_time(job_meta.get("creationTimestamp")),
+        )
+        owned = written is not None and started is not None and written >= started
     if meta.get("name") != job_meta.get("name") or not owned:
         return None, (
             f"ConfigMap {meta.get('name')} is not owned by Job {job_meta.get('name')} "

@@ -104,9 +104,11 @@ def run_job(
             f"({'; '.join(job_error) or 'timed out'}); {owner} (check the runner's RBAC: get "
             "on batch/v1 jobs)"
         )
-    limit = max(1.0, cancellation.seconds_left()) if cancellation.requested else 60.0
     try:
-        writer.write(result, time_limit=limit)
+        if cancellation.requested:
+            writer.write(result, time_limit=max(1.0, cancellation.seconds_left()))
+        else:
+            writer.write(result)
     except ResultNotWritten as error:
         log.step(f"the result could not be written: {error}")
         return EXIT_NO_RESULT

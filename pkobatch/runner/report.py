@@ -9,9 +9,10 @@ on ``batch/v1 jobs``) for its labels (copied onto the result) and its deadline (
 ``DeadlineExceeded`` from ``Cancelled``); both have fallbacks. The API calls are listed in
 ``pkobatch.kube.rbac.RUNNER_API_CALLS``.
 
-Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff,
-within a bounded number of attempts and the time the run has left. A snapshot ConfigMap that
-is not there yet is waited for too: the controller creates it right after the Job.
+Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff:
+reading the Job a few times, writing the result for as long as the run may (minutes: an API
+server restart must not turn a finished run into a lost one). A snapshot ConfigMap that is
+not there yet is waited for too: the controller creates it right after the Job.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ MAX_ATTEMPTS: Final = 6
 FIRST_BACKOFF_SECONDS: Final = 0.5
 MAX_BACKOFF_SECONDS: Final = 8.0
 SNAPSHOT_WAIT_SECONDS: Final = 120.0
+RESULT_WRITE_SECONDS: Final = 300.0
+# Attempts when only time bounds the retries (the backoff is capped at MAX_BACKOFF_SECONDS).
+_UNTIL_TIME_RUNS_OUT: Final = 10_000
 _TRANSIENT_STATUSES: Final = frozenset({0, 429, 500, 502, 503, 504})
 
 
@@ -135,7 +139,7 @@ def read_snapshot(
                 configmap = connection.retrying(
                     get,
                     time_limit,
-                    max_attempts=1000,
+                    max_attempts=_UNTIL_TIME_RUNS_OUT,
                     retry_not_found=True,
                 )
             except KubeError as error:
@@ -175,9 +179,11 @@ class ResultWriter:
         self.job_uid = job_uid
         self.job: dict[str, Any] | None = None
 
-    def _retrying(self, what: str, call: Callable[[Kube], Any], time_limit: float) -> Any:
+    def _retrying(
+        self, what: str, call: Callable[[Kube], Any], time_limit: float, max_attempts: int
+    ) -> Any:
         try:
-            return self._connection.retrying(call, time_limit)
+            return self._connection.retrying(call, time_limit, max_attempts=max_attempts)
         except KubeError as error:
             raise ResultNotWritten(f"{what}: {error}") from None
 
@@ -187,10 +193,11 @@ class ResultWriter:
             f"reading Job {self.namespace}/{self.name}",
             lambda kube: kube.get(JOBS, self.name, self.namespace),
             time_limit,
+            MAX_ATTEMPTS,
         )
         return self.job
 
-    def write(self, result: RunResult, time_limit: float = 60.0) -> None:
+    def write(self, result: RunResult, time_limit: float = RESULT_WRITE_SECONDS) -> None:
         """Create (or, after a lost response, replace) the result ConfigMap."""
         metadata = (self.job or {}).get("metadata") or {}
         body = result_config_map(
@@ -209,7 +216,9 @@ class ResultWriter:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
                 kube.replace(CONFIGMAPS, body, self.namespace)
 
-        self._retrying(f"writing ConfigMap {self.namespace}/{self.name}", put, time_limit)
+        self._retrying(
+            f"writing ConfigMap {self.namespace}/{self.name}", put, time_limit, _UNTIL_TIME_RUNS_OUT
+        )
 
     def close(self) -> None:
         self._connection.close()

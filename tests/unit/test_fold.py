@@ -88,6 +88,20 @@ def test_results_that_are_not_this_runs_are_rejected(cm: dict[str, Any], problem
     assert outcome is not None and outcome.state == "failed" and problem in outcome.message
 
 
+def test_an_unowned_result_counts_only_if_written_after_the_job_was_created() -> None:
+    job = {**finished("Complete"), "metadata": {**JOB["metadata"]}}
+    job["metadata"]["creationTimestamp"] = "2026-02-01T07:50:00Z"
+    unowned = configmap(result())
+    del unowned["metadata"]["ownerReferences"]
+    unowned["metadata"]["creationTimestamp"] = "2026-02-01T07:58:00Z"
+    found, problem = read_result(unowned, job, "stack-uid")
+    assert found is not None and problem == ""
+    # A left-over of an earlier Job of the same name is older than this Job.
+    unowned["metadata"]["creationTimestamp"] = "2026-02-01T07:49:59Z"
+    found, problem = read_result(unowned, job, "stack-uid")
+    assert found is None and "not owned by Job" in problem
+
+
 def test_failed_result_keeps_the_runners_reason() -> None:
     cm = configmap(result(state="failed", reason="UpdateConflict", message="locked"))
     outcome = job_outcome(finished("Failed", reason="BackoffLimitExceeded"), cm, "stack-uid", NOW)

@@ -99,8 +99,24 @@ def test_forbidden_is_not_retried() -> None:
 def test_retries_are_bounded() -> None:
     kube = ScriptedKube([KubeError(500, "InternalError", "x")] * 50)
     with pytest.raises(ResultNotWritten):
-        writer(kube).write(result())
+        writer(kube).load_job()
     assert 1 < len(kube.calls) <= 6
+
+
+def test_the_result_write_outlasts_a_minutes_long_outage_within_its_time() -> None:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    kube = ScriptedKube([Unreachable(0, "Unreachable", "down")] * 30)
+    w = ResultWriter(lambda: kube, "ns", "s-up-1", sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+    w.write(result(), time_limit=300)
+    assert len(kube.calls) == 31 and 180 < now[0] <= 300
+    kube = ScriptedKube([Unreachable(0, "Unreachable", "down")] * 100)
+    w = ResultWriter(lambda: kube, "ns", "s-up-1", sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+    with pytest.raises(ResultNotWritten, match="down"):
+        w.write(result(), time_limit=60)
 
 
 def test_the_job_gives_owner_and_labels() -> None:
