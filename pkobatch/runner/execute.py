@@ -57,7 +57,7 @@ from pkobatch.runner.runtimes import (
     pulumi_home,
     search_path,
 )
-from pkobatch.runner.stack_config import collect_config, config_json, secret_values
+from pkobatch.runner.stack_config import collect_config, plan_config, secret_values
 from pkobatch.runner.workspace import (
     CACHE_DIR_ENV,
     Project,
@@ -248,7 +248,11 @@ def _execute(run: _Run) -> Outcome:
             return Outcome(message=f"stack {spec.stack} does not exist; nothing to destroy")
         if config:
             log.step(f"setting {len(config)} config value(s)")
-            stack.set_all_config_json(config_json(config))
+            config_plan = plan_config(config)
+            for document in config_plan.set_all:
+                stack.set_all_config_json(document)
+            for key, item in config_plan.from_stdin:
+                workspace.set_config_from_stdin(stack.name, key, str(item.value), item.secret)
         if spec.environment:
             log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
             stack.add_environments(*spec.environment)

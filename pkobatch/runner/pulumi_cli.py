@@ -8,7 +8,9 @@ SDK's typed errors) plus three things a Job needs:
   interrupt it the way Pulumi expects (see ``pkobatch.runner.cancel``);
 - no command starts once the run is cancelled;
 - a failed command's output stays attached to the error (``command_output``), so the
-  runner can classify it and quote Pulumi's own message.
+  runner can classify it and quote Pulumi's own message;
+- a command can be given standard input (``stdin_text``): ``RunnerWorkspace`` sets a secret
+  or large config value that way, never as an argument.
 
 ``RunnerWorkspace`` reads stack outputs *masked* — one ``pulumi stack output --json``
 without ``--show-secrets`` — so secret outputs are ``"[secret]"`` at any depth and their
@@ -17,6 +19,7 @@ plaintext never reaches the runner.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -56,6 +59,14 @@ def _pump(stream: IO[str], callback: OnOutput | None, sink: list[str]) -> None:
     stream.close()
 
 
+def _feed(stream: IO[str] | None, text: str) -> None:
+    assert stream is not None
+    with contextlib.suppress(BrokenPipeError):  # the command failed early; its error says why
+        stream.write(text)
+    with contextlib.suppress(BrokenPipeError):
+        stream.close()
+
+
 class RunnerPulumiCommand(PulumiCommand):
     """A ``PulumiCommand`` whose processes a ``Cancellation`` can interrupt."""
 
@@ -71,6 +82,8 @@ class RunnerPulumiCommand(PulumiCommand):
         additional_env: Mapping[str, str],
         on_output: OnOutput | None = None,
         on_error: OnOutput | None = None,
+        *,
+        stdin_text: str | None = None,
     ) -> CommandResult:
         self._cancellation.raise_if_requested()
         separator = args.index("--") if "--" in args else len(args)
@@ -85,7 +98,7 @@ class RunnerPulumiCommand(PulumiCommand):
             [self.command, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
             cwd=cwd,
             env=env,
             encoding="utf-8",
@@ -97,6 +110,8 @@ class RunnerPulumiCommand(PulumiCommand):
                 threading.Thread(target=_pump, args=(process.stdout, on_output, stdout)),
                 threading.Thread(target=_pump, args=(process.stderr, on_error, stderr)),
             ]
+            if stdin_text is not None:
+                readers.append(threading.Thread(target=_feed, args=(process.stdin, stdin_text)))
             with self._cancellation.track(process, graceful=True):
                 for reader in readers:
                     reader.start()
@@ -115,6 +130,20 @@ class RunnerPulumiCommand(PulumiCommand):
 
 class RunnerWorkspace(LocalWorkspace):
     """A ``LocalWorkspace`` that never asks Pulumi for secret plaintext."""
+
+    def set_config_from_stdin(self, stack_name: str, key: str, value: str, secret: bool) -> None:
+        """``pulumi config set KEY`` with the value on standard input, not in the arguments.
+        Pulumi drops one trailing newline from what it reads: the value gets one added."""
+        command = self.pulumi_command
+        assert isinstance(command, RunnerPulumiCommand)
+        envs = {"PULUMI_HOME": self.pulumi_home} if self.pulumi_home else {}
+        args = ["config", "set", "--secret" if secret else "--plaintext"]
+        command.run(
+            [*args, "--stack", stack_name, "--", key],
+            self.work_dir,
+            {**envs, **self.env_vars},
+            stdin_text=f"{value}\n",
+        )
 
     def stack_outputs(self, stack_name: str) -> OutputMap:
         result = self._run_pulumi_cmd_sync(["stack", "output", "--json", "--stack", stack_name])

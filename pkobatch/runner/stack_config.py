@@ -9,16 +9,19 @@ same way, from the run's Secret (``snapshot.secretsFromEnv``, ``configFromEnv``)
 the snapshot holds ``[secret]`` in their place. Without a mapping (``pkobatch run`` on a
 workstation) the spec's own value is used.
 
-Everything is set in one ``pulumi config set-all --json`` call, which takes strings and
-structured values alike and encrypts the secret ones.
+Plain values are set with ``pulumi config set-all --json``, which takes strings and structured
+values alike, in as few calls as keep each argument small (``plan_config``). A value never
+travels as an argument when it is secret (process listings show arguments) or a string too
+large for one (Linux caps an argument at 128 KiB): ``pulumi config set [--secret] KEY`` reads
+it from standard input, one call each.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from pkobatch.api.run import ValueFromEnv
 from pkobatch.api.stack import StackSpec
@@ -101,6 +104,46 @@ def collect_config(
         secret_source = source.model_copy(update={"secret": True})
         items[key] = _from_env(key, secret_source, env, "spec.secretsRef", holder)
     return items
+
+
+# The largest set-all argument, and the largest value sent inside one.
+MAX_CONFIG_ARGUMENT_BYTES: Final = 64 * 1024
+MAX_ARGUMENT_VALUE_BYTES: Final = 16 * 1024
+
+
+@dataclass
+class ConfigPlan:
+    """How a run sets its config: set-all arguments, then values one by one from stdin."""
+
+    set_all: list[str] = field(default_factory=list)
+    from_stdin: list[tuple[str, ConfigItem]] = field(default_factory=list)
+
+
+def plan_config(items: Mapping[str, ConfigItem]) -> ConfigPlan:
+    """Split ``items`` so that no secret and no large value is a process argument."""
+    plan = ConfigPlan()
+    batch: dict[str, ConfigItem] = {}
+    for key, item in sorted(items.items()):
+        size = len(config_json({key: item}).encode("utf-8"))
+        if isinstance(item.value, str) and (item.secret or size > MAX_ARGUMENT_VALUE_BYTES):
+            plan.from_stdin.append((key, item))
+            continue
+        if size > MAX_CONFIG_ARGUMENT_BYTES:
+            raise RunFailure(
+                "InvalidSpec",
+                f"config {key}: a structured value of {size} bytes is more than Pulumi's "
+                f"command line takes ({MAX_CONFIG_ARGUMENT_BYTES}); give it as a JSON string "
+                "and parse it in the program, or split it into several keys",
+            )
+        if batch and len(config_json({**batch, key: item}).encode("utf-8")) > (
+            MAX_CONFIG_ARGUMENT_BYTES
+        ):
+            plan.set_all.append(config_json(batch))
+            batch = {}
+        batch[key] = item
+    if batch:
+        plan.set_all.append(config_json(batch))
+    return plan
 
 
 def config_json(items: Mapping[str, ConfigItem]) -> str:

@@ -10,7 +10,14 @@ import pytest
 from pkobatch.api.run import ValueFromEnv
 from pkobatch.api.stack import StackSpec
 from pkobatch.runner.failures import RunFailure
-from pkobatch.runner.stack_config import ConfigItem, collect_config, config_json, secret_values
+from pkobatch.runner.stack_config import (
+    MAX_CONFIG_ARGUMENT_BYTES,
+    ConfigItem,
+    collect_config,
+    config_json,
+    plan_config,
+    secret_values,
+)
 
 
 def spec(**fields: Any) -> StackSpec:
@@ -149,3 +156,29 @@ def test_secret_values_cover_strings_inside_structured_secrets() -> None:
     )
     assert "visible" not in values
     assert {"hidden", "deep-secret", "12345"} <= set(values)
+
+
+def test_no_secret_and_no_large_value_is_a_process_argument() -> None:
+    big = "x" * (1024 * 1024)
+    items = {
+        "plain": ConfigItem("eu", False),
+        "obj": ConfigItem({"a": [1, 2]}, False),
+        "password": ConfigItem("s3cret-value", True),
+        "big": ConfigItem(big, False),
+        **{f"k{i:03}": ConfigItem("v" * 1000, False) for i in range(150)},
+    }
+    plan = plan_config(items)
+    assert plan.from_stdin == [("big", items["big"]), ("password", items["password"])]
+    assert len(plan.set_all) == 3  # 150 kB of small values in arguments of at most 64 KiB
+    assert all(len(doc.encode()) <= MAX_CONFIG_ARGUMENT_BYTES for doc in plan.set_all)
+    merged: dict[str, Any] = {}
+    for doc in plan.set_all:
+        merged.update(json.loads(doc))
+    assert set(merged) == set(items) - {"big", "password"}
+    assert merged["obj"]["objectValue"] == {"a": [1, 2]}
+    assert all("s3cret-value" not in doc and big not in doc for doc in plan.set_all)
+
+
+def test_a_structured_value_too_large_for_an_argument_is_refused_with_advice() -> None:
+    with pytest.raises(RunFailure, match="give it as a JSON string"):
+        plan_config({"obj": ConfigItem({"data": "x" * (100 * 1024)}, False)})
