@@ -10,6 +10,7 @@ polling interval so PKO's schedule runs in seconds.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -37,7 +38,18 @@ from pkobatch.api.constants import (
 )
 from pkobatch.controller.fold import parse_time
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import CONFIGMAPS, EVENTS, JOBS, PODS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    EVENTS,
+    JOBS,
+    PODS,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    SERVICEACCOUNTS,
+    STACKS,
+    Kube,
+)
 
 pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
@@ -563,3 +575,171 @@ def test_drift_is_detected_and_remediated(
     assert condition(stack, "Ready")["status"] == "True"
     events, _ = kube.list_objects(EVENTS, namespace)
     assert any(e["reason"] == "DriftDetected" for e in events)
+
+
+# ---------------------------------------------------------------------------------------
+# Run inputs (issue 11, items 2, 6, 7): inline secrets, a large spec, the Job's UID
+# ---------------------------------------------------------------------------------------
+
+INLINE_SENTINEL = "sentinel-inline-secret-3e8b1d"
+# Appended to the test program: what it saw of config "token" and "blob".
+REPORTING_PROGRAM = """
+import hashlib
+
+from pulumi.runtime.config import is_config_secret
+
+pulumi.export(
+    "tokenSha256",
+    pulumi.Output.unsecret(token.apply(lambda t: hashlib.sha256(t.encode()).hexdigest())),
+)
+pulumi.export("tokenIsSecretConfig", is_config_secret(f"{pulumi.get_project()}:token"))
+pulumi.export("blobSha256", hashlib.sha256((config.get("blob") or "").encode()).hexdigest())
+"""
+
+
+def reporting_repo(git_repo: Callable[..., Any]) -> Any:
+    repo = git_repo()
+    program = (repo.worktree / "__main__.py").read_text()
+    repo.update({"__main__.py": program + REPORTING_PROGRAM}, "report what the program sees")
+    return repo
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_log(cluster: Any, namespace: str, job: str) -> str:
+    return "\n".join(
+        path.read_text(errors="replace")
+        for path in sorted((cluster.log_dir / namespace).glob(f"{job}-*.log"))
+    )
+
+
+def test_inline_secrets_reach_the_program_as_secrets_and_appear_nowhere_else(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    git_server: Any,
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = reporting_repo(git_repo)
+    spec = stack_spec(repo, pulumi_env, secrets={"token": INLINE_SENTINEL})
+    del spec["secretsRef"]
+    # A Literal git password is an inline secret too (the controller polls with it as well).
+    spec["gitAuth"]["basicAuth"]["password"] = literal(git_server.password)
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", ready)
+    outputs = stack["status"]["outputs"]
+    assert outputs["tokenSha256"] == sha256(INLINE_SENTINEL)
+    assert outputs["tokenIsSecretConfig"] is True
+    assert outputs["token"] == "[secret]"
+
+    [job] = stack_jobs(kube, namespace, "app")
+    name = job["metadata"]["name"]
+    planted = [INLINE_SENTINEL, git_server.password]
+    places = {
+        "jobs": kube.list_objects(JOBS, namespace)[0],
+        "pods": kube.list_objects(PODS, namespace)[0],
+        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
+        "stacks (status)": [s.get("status") for s in kube.list_objects(STACKS, namespace)[0]],
+        "events": kube.list_objects(EVENTS, namespace)[0],
+        "the run's log": run_log(cluster, namespace, name),
+        "the controller's log": controller.log_text(),
+    }
+    for where, found in places.items():
+        text = found if isinstance(found, str) else json.dumps(found)
+        for value in planted:
+            assert value not in text, f"a secret value is in {where}"
+    # The values are in the run's Secret, owned by its Job: gone with the Job.
+    run_secret = kube.get(SECRETS, f"{name}-secrets", namespace)
+    assert run_secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    kube.delete(JOBS, name, namespace, propagation="Background")
+    wait_until(
+        lambda: kube.get_or_none(SECRETS, f"{name}-secrets", namespace) is None,
+        timeout=120,
+        what="the garbage collector removing the run's Secret",
+    )
+
+
+def test_a_megabyte_config_value_runs(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    blob = "".join(f"{i:07x}\n" for i in range(128 * 1024))  # 1 MiB
+    repo = reporting_repo(git_repo)
+    spec = stack_spec(repo, pulumi_env)
+    spec["config"]["blob"] = blob
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", ready)
+    assert stack["status"]["outputs"]["blobSha256"] == sha256(blob)
+    [job] = stack_jobs(kube, namespace, "app")
+    assert last_update(stack)["name"] == job["metadata"]["name"]
+    # The Job records what ran: the snapshot's ConfigMaps and their digest.
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--snapshot-configmap" in args and "--snapshot-sha256" in args
+    assert len(json.dumps(job)) < 64 * 1024
+
+
+def test_a_runner_that_cannot_read_its_job_still_owns_its_result(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    # Like the pkobatch-runner role, without `get` on Jobs: the runner's read of its Job fails
+    # as it would during an API outage, with no way around it but the pod's own label.
+    account = "runner-without-job-read"
+    kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+        namespace,
+    )
+    kube.create(
+        ROLES,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": account},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "verbs": ["create", "get", "update"],
+                }
+            ],
+        },
+        namespace,
+    )
+    kube.create(
+        ROLEBINDINGS,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account}],
+        },
+        namespace,
+    )
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, serviceAccountName=account))
+    stack = wait_stack(kube, namespace, "app", ready)
+    update = last_update(stack)
+    assert update["state"] == "succeeded" and update["failures"] == 0
+    [job] = stack_jobs(kube, namespace, "app")  # no second run
+    name = job["metadata"]["name"]
+    result = kube.get(CONFIGMAPS, name, namespace)
+    [owner] = result["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
+    log = run_log(cluster, namespace, name)
+    assert "could not read Job" in log and "owned by the Job's UID" in log

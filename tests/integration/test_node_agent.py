@@ -426,6 +426,13 @@ def test_environment_is_resolved_like_the_kubelet(
             "name": "JOB_LABEL",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}},
         },
+        # How a run learns its Job's UID without reading the Job (the Job controller's label).
+        {
+            "name": "JOB_UID",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}
+            },
+        },
     ]
     code = "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))"
     manifest = python_job(
@@ -444,7 +451,7 @@ def test_environment_is_resolved_like_the_kubelet(
     )
     kube.create(JOBS, manifest, namespace)
 
-    kind, _, _ = wait_job(namespace, "env")
+    kind, _, job = wait_job(namespace, "env")
 
     assert kind == "Complete"
     (pod,) = job_pods(namespace, "env")
@@ -463,6 +470,7 @@ def test_environment_is_resolved_like_the_kubelet(
     assert got["POD_UID"] == pod["metadata"]["uid"]
     assert got["SA"] == "pkobatch-runner"
     assert got["JOB_LABEL"] == "env"
+    assert got["JOB_UID"] == job["metadata"]["uid"]
     assert got["CM_color"] == "blue" and got["CM_SIZE"] == "3"
     assert got["TOKEN"] == "tok" and got["password"] == "s3cret"
     assert "PKOBATCH_AGENT_ONLY" not in got
