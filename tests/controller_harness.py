@@ -4,9 +4,10 @@ ServiceAccount with exactly the RBAC of ``deploy/kustomize/base`` (a real token)
 Used by tests/integration/test_controller_*.py and tests/e2e/test_controller_*.py (the
 ``tests`` directory is on ``sys.path`` through the root conftest).
 
-``controller_rbac(cluster)`` (session): installs the controller and runner ClusterRoles from
-the kustomize base, a ``pkobatch-system/pkobatch-controller`` ServiceAccount bound to the
-controller role, and returns a factory writing that SA's kubeconfig.
+``controller_rbac(cluster)`` (session): installs the controller and runner ClusterRoles and
+the admission policy on the controller's Secrets from the kustomize base, a
+``pkobatch-system/pkobatch-controller`` ServiceAccount bound to the controller role, and
+returns a factory writing that SA's kubeconfig.
 
 ``ControllerProcess``: start/kill/restart the controller for one namespace; ``metric(name,
 **labels)`` reads its Prometheus endpoint; ``log_text()`` its output (for secret scans).
@@ -37,6 +38,7 @@ from pkobatch.kube.client import (
     SERVICEACCOUNTS,
     STACKS,
     Kube,
+    Resource,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +48,20 @@ CONTROLLER_SA = "pkobatch-controller"
 JSON = dict[str, Any]
 INSECURE_HTTP_GIT_HOSTS = "PKOBATCH_INSECURE_HTTP_GIT_HOSTS"
 LOOPBACK_GIT_HOST = "127.0.0.1"
+VALIDATING_ADMISSION_POLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicy",
+    namespaced=False,
+)
+VALIDATING_ADMISSION_POLICY_BINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicyBinding",
+    namespaced=False,
+)
 
 
 def _apply(kube: Kube, resource: Any, body: JSON, namespace: str | None = None) -> None:
@@ -53,9 +69,15 @@ def _apply(kube: Kube, resource: Any, body: JSON, namespace: str | None = None) 
 
 
 def install_controller_rbac(kube: Kube) -> None:
-    """The kustomize base's ClusterRoles, and the controller's ServiceAccount bound to one."""
+    """The kustomize base's ClusterRoles and Secret policy, and the controller's
+    ServiceAccount bound to its ClusterRole."""
     for name in ("controller-clusterrole.yaml", "runner-clusterrole.yaml"):
         _apply(kube, CLUSTERROLES, yaml.safe_load((BASE / name).read_text()))
+    policy, policy_binding = yaml.safe_load_all(
+        (BASE / "controller-secret-policy.yaml").read_text()
+    )
+    _apply(kube, VALIDATING_ADMISSION_POLICIES, policy)
+    _apply(kube, VALIDATING_ADMISSION_POLICY_BINDINGS, policy_binding)
     if kube.get_or_none(NAMESPACES, CONTROLLER_NAMESPACE) is None:
         kube.create(
             NAMESPACES,

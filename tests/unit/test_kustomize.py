@@ -41,6 +41,8 @@ CLUSTER_SCOPED_KINDS = {
     "CustomResourceDefinition",
     "ClusterRole",
     "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 Obj = dict[str, Any]
 
@@ -142,6 +144,8 @@ def test_cluster_wide_install_contains_crd_controller_and_rbac(install: str) -> 
         ("ClusterRole", "pkobatch-controller"),
         ("ClusterRoleBinding", "pkobatch-controller"),
         ("ClusterRole", "pkobatch-runner"),
+        ("ValidatingAdmissionPolicy", "pkobatch-controller-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "pkobatch-controller-secrets"),
     }
 
 

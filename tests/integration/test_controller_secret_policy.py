@@ -1,0 +1,95 @@
+"""The admission policy on the controller's Secrets (deploy/kustomize/base), on the real API
+server: the controller's `create` on Secrets serves a run's inline secrets and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA, install_controller_rbac
+
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import JOBS, SECRETS, Kube, KubeError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(cluster: Any) -> None:
+    install_controller_rbac(cluster.kube)
+
+
+def test_the_controller_may_create_no_secret_but_a_runs_own(
+    cluster: Any, kube: Kube, namespace: str, controller_rbac: None, tmp_path: Path
+) -> None:
+    """`create` on Secrets (a run's inline secrets) must not let a stolen controller token mint
+    a ServiceAccount token Secret, which its `get` could then read: the admission policy of
+    deploy/kustomize/base allows only an Opaque `<job>-secrets` owned by its Job."""
+    path = tmp_path / "controller.kubeconfig"
+    as_controller = Kube.connect(
+        str(cluster.service_account_kubeconfig(CONTROLLER_NAMESPACE, CONTROLLER_SA, path))
+    )
+    minted = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "minted-token",
+            "annotations": {"kubernetes.io/service-account.name": "default"},
+        },
+        "type": "kubernetes.io/service-account-token",
+    }
+
+    def refused() -> bool:
+        try:
+            as_controller.create(SECRETS, minted, namespace)
+        except KubeError as error:
+            assert "the pkobatch controller may only create" in error.message, error.message
+            return True
+        kube.delete(SECRETS, "minted-token", namespace)  # the policy is not in force yet
+        return False
+
+    wait_until(refused, timeout=60, what="the admission policy refusing a token Secret")
+    job = kube.create(
+        JOBS,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "app-up-0123456789"},
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "pulumi", "image": "unused"}],
+                    }
+                },
+            },
+        },
+        namespace,
+    )
+    run_secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "app-up-0123456789-secrets",
+            "labels": {"pkobatch.io/run-input-of": "app-up-0123456789"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "app-up-0123456789",
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "type": "Opaque",
+        "stringData": {"PKOBATCH_INLINE_SECRET_0": "value"},
+    }
+    as_controller.create(SECRETS, run_secret, namespace)
+    unowned = {**run_secret, "metadata": {**run_secret["metadata"], "ownerReferences": []}}
+    unowned["metadata"]["name"] = "app-up-0123456789-secrets-2"
+    with pytest.raises(KubeError, match="may only create"):
+        as_controller.create(SECRETS, unowned, namespace)
+    as_controller.close()
