@@ -340,6 +340,7 @@ _GIT_AUTH_SECRET_REFS: Final = (
     ("basicAuth", "password"),
     ("sshAuth", "sshPrivateKey"),
     ("sshAuth", "password"),
+    ("githubApp", "privateKey"),
 )
 
 
@@ -430,7 +431,9 @@ def _git_auth(spec: StackSpec, inline: _InlineSecrets) -> tuple[list[JSON], GitA
                     app.installation_id,
                     "githubApp.installationID",
                 ),
-                _ref_env(ENV_GIT_GITHUB_APP_PRIVATE_KEY, app.private_key, "githubApp.privateKey"),
+                inline.ref_env(
+                    ENV_GIT_GITHUB_APP_PRIVATE_KEY, app.private_key, "githubApp.privateKey"
+                ),
             ]
             return env, GitAuthEnv.model_validate(
                 {

@@ -788,6 +788,29 @@ def test_inline_secret_values_go_into_a_secret_of_the_run() -> None:
     assert "app.kubernetes.io/managed-by" not in secret["metadata"]["labels"]
 
 
+def test_an_inline_github_app_key_goes_into_the_runs_secret() -> None:
+    literal = {"type": "Literal", "literal": {"value": "1"}}
+    objects = build_objects(
+        {
+            "projectRepo": "https://github.com/o/r.git",
+            "branch": "main",
+            "gitAuth": {
+                "githubApp": {
+                    "appID": literal,
+                    "installationID": literal,
+                    "privateKey": {"type": "Literal", "literal": {"value": SENTINEL}},
+                }
+            },
+        }
+    )
+    assert SENTINEL not in json.dumps(objects.job)
+    [secret] = objects.inputs
+    assert secret["stringData"] == {"PKOBATCH_GIT_GITHUB_APP_PRIVATE_KEY": SENTINEL}
+    app = snapshot(objects.job).spec["gitAuth"]["githubApp"]
+    assert app["privateKey"]["literal"]["value"] == "[secret]"
+    assert app["appID"]["literal"]["value"] == "1"
+
+
 def test_a_stack_without_inline_secrets_needs_nothing_but_its_job() -> None:
     objects = build_objects(
         {"secretsRef": {"p": {"type": "Secret", "secret": {"name": "s", "key": "p"}}}}
