@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -110,6 +111,8 @@ from typing import Any
 
 import pytest
 import yaml
+from sentinels import Leak, planted, register, report, scan_objects
+from sentinels import sentinel_session as sentinel_session
 
 from pkobatch.dev import processes
 from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
@@ -201,12 +204,37 @@ class Cluster:
             client.close()
 
 
+@contextlib.contextmanager
+def in_process_log(path: Path) -> Iterator[None]:
+    """The log of pkobatch code running in this process (the node agent), in a file, so
+    the sentinel scan reads it too."""
+    logger = logging.getLogger("pkobatch")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
+
+
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, sentinel_session: list[Leak]
+) -> Iterator[Cluster]:
     require_tools(("etcd", "kubernetes"))
     tools = available_tools()
     processes.exit_on_termination_signals()
     state = tmp_path_factory.mktemp("cluster")
+    with in_process_log(state / "in-process.log"):
+        yield from _cluster(state, tools, sentinel_session)
+
+
+def _cluster(state: Path, tools: Tools, leaks: list[Leak]) -> Iterator[Cluster]:
     control_plane = ControlPlane(state, tools, crds_dir=default_crds_dir())
     control_plane.start()
     kube = control_plane.admin()
@@ -225,6 +253,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         agent.start()
         result = Cluster(control_plane, agent, kube, tools)
         yield result
+        leaks.extend(scan_objects(kube, planted()))
         result.close()
     finally:
         agent.stop()
@@ -263,8 +292,13 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         what=f"ServiceAccount {name}/default",
     )
     yield name
-    with contextlib.suppress(NotFound):  # a test may delete it itself
-        kube.delete(NAMESPACES, name)
+    try:
+        leaks = scan_objects(kube, planted(), name)
+    finally:
+        with contextlib.suppress(NotFound):  # a test may delete it itself
+            kube.delete(NAMESPACES, name)
+    if leaks:
+        pytest.fail(report(leaks, f"objects of namespace {name}"), pytrace=False)
 
 
 # -- git ---------------------------------------------------------------------------------------
@@ -421,8 +455,9 @@ def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitServer]:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     root = tmp_path_factory.mktemp("git")
-    token = f"tok-{secrets.token_urlsafe(16)}"
-    server = _GitHttpServer(root, "pkobatch", secrets.token_urlsafe(12), token)
+    token = register(f"tok-{secrets.token_urlsafe(16)}", "git-token")
+    password = register(secrets.token_urlsafe(12), "git-password")
+    server = _GitHttpServer(root, "pkobatch", password, token)
     thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
     thread.start()
     yield GitServer(
@@ -554,7 +589,7 @@ def pulumi_env(pulumi_bin: Path, tmp_path: Path) -> PulumiEnv:
     files = tmp_path / "managed-files"
     for directory in (home, backend, files):
         directory.mkdir()
-    passphrase = secrets.token_urlsafe(16)
+    passphrase = register(secrets.token_urlsafe(16), "pulumi-passphrase")
     # The CLI first, then the plugins that are built (a test needing one requires it).
     plugins = available_tools(PULUMI_PLUGINS).pulumi_path()
     path = os.pathsep.join(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from sentinels import plant
 
 from pkobatch.api.constants import (
     MANAGED_BY_LABEL,
@@ -67,6 +68,7 @@ class Runner:
         self.pulumi_env = pulumi_env
         self.tmp_path = tmp_path
         self.count = 0
+        self.app_secrets: dict[str, str] = {}
 
     def snapshot(self, operation: str, repo: Any, **overrides: Any) -> dict[str, Any]:
         spec = {
@@ -222,7 +224,7 @@ def runner(
     secrets = {
         "pulumi": {"passphrase": pulumi_env.passphrase},
         "git": {"username": git_server.username, "password": git_server.password},
-        "app": {"token": "sentinel-token-1c0ffee", "env-secret": "sentinel-env-2decade"},
+        "app": {"token": plant("app-token"), "env-secret": plant("app-env-secret")},
     }
     for name, data in secrets.items():
         kube.create(
@@ -230,7 +232,9 @@ def runner(
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
             namespace,
         )
-    return Runner(cluster, namespace, pulumi_env, tmp_path)
+    runner = Runner(cluster, namespace, pulumi_env, tmp_path)
+    runner.app_secrets = secrets["app"]
+    return runner
 
 
 def test_lifecycle_as_a_job_under_the_runner_role(
@@ -302,7 +306,7 @@ if config.get_bool("fail"):
 def test_sentinel_secrets_never_leak(
     runner: Runner, git_repo: Callable[..., Any], cluster: Any
 ) -> None:
-    sentinels = ["sentinel-token-1c0ffee", "sentinel-env-2decade", runner.pulumi_env.passphrase]
+    sentinels = [*runner.app_secrets.values(), runner.pulumi_env.passphrase]
     repo = git_repo()
     main = (repo.worktree / "__main__.py").read_text()
     repo.update({"__main__.py": main + LEAKY_PROGRAM}, "a program that leaks")

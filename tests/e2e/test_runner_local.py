@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
+from pkobatch.runner.embedded import fallback_env_name
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +48,15 @@ class Runs:
         path.write_text(yaml.safe_dump(body))
         return path
 
-    def start(self, manifest: Path, *args: str) -> subprocess.Popen[str]:
+    def start(
+        self, manifest: Path, *args: str, secrets: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """``secrets`` ("NAME/KEY" -> value) go through the environment, as a user keeps
+        them out of the process list (``--secret`` in ``args`` puts them in it)."""
+        env = dict(self.env)
+        for ref, value in (secrets or {}).items():
+            name, _, key = ref.partition("/")
+            env[fallback_env_name("PKOBATCH_SECRET", name, key)] = value
         return subprocess.Popen(
             [
                 sys.executable,
@@ -60,7 +69,7 @@ class Runs:
                 "json",
                 *args,
             ],
-            env=self.env,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -72,8 +81,10 @@ class Runs:
         assert stdout.strip(), f"no result on stdout; log:\n{stderr}"
         return RunResult.model_validate_json(stdout), stderr, process.returncode
 
-    def run(self, manifest: Path, *args: str) -> tuple[RunResult, str, int]:
-        return self.finish(self.start(manifest, *args))
+    def run(
+        self, manifest: Path, *args: str, secrets: Mapping[str, str] | None = None
+    ) -> tuple[RunResult, str, int]:
+        return self.finish(self.start(manifest, *args, secrets=secrets))
 
 
 @pytest.fixture
@@ -109,9 +120,10 @@ def test_up_over_http_basic_auth_then_no_changes(
         **basic_auth(git_server),
         secretsRef={"token": {"type": "Secret", "secret": {"name": "app", "key": "token"}}},
     )
-    secrets = ["--secret", f"git/password={git_server.password}", "--secret", "app/token=tok-e2e-1"]
+    flags = ["--secret", "app/token=tok-e2e-1"]
+    password = {"git/password": git_server.password}
 
-    result, log, code = runs.run(manifest, *secrets)
+    result, log, code = runs.run(manifest, *flags, secrets=password)
 
     assert (code, result.state, result.reason) == (0, "succeeded", "Succeeded"), result.message
     assert result.commit == repo.commit
@@ -124,7 +136,7 @@ def test_up_over_http_basic_auth_then_no_changes(
     assert result.pulumi_version == "3.259.0"
     assert "tok-e2e-1" not in log and git_server.password not in log
 
-    again, _, code = runs.run(manifest, *secrets)
+    again, _, code = runs.run(manifest, *flags, secrets=password)
     assert (code, again.changes) == (0, {"same": 3})
 
 
@@ -138,7 +150,7 @@ def test_up_over_http_with_a_token(
         config={"files": "1"},
     )
 
-    result, log, code = runs.run(manifest, "--secret", f"git/token={git_server.token}")
+    result, log, code = runs.run(manifest, secrets={"git/token": git_server.token})
 
     assert (code, result.reason) == (0, "Succeeded"), result.message
     assert result.commit == repo.commit
@@ -174,7 +186,7 @@ def test_a_syntax_error_is_a_program_error_quoting_python(
     repo = git_repo("syntax-error")
     manifest = runs.manifest(repo.http_url, **basic_auth(git_server))
 
-    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+    result, _, code = runs.run(manifest, secrets={"git/password": git_server.password})
 
     assert (code, result.reason) == (1, "ProgramError")
     assert "SyntaxError: invalid syntax" in result.message
@@ -187,7 +199,7 @@ def test_a_missing_stack_with_use_local_stack_only_is_stack_not_found(
     repo = git_repo()
     manifest = runs.manifest(repo.http_url, **basic_auth(git_server), useLocalStackOnly=True)
 
-    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+    result, _, code = runs.run(manifest, secrets={"git/password": git_server.password})
 
     assert (code, result.reason) == (1, "StackNotFound")
     assert "useLocalStackOnly" in result.message
@@ -197,9 +209,9 @@ def test_two_concurrent_ups_one_succeeds_one_conflicts(
     runs: Runs, git_repo: Callable[..., Any], git_server: Any, pulumi_env: Any
 ) -> None:
     repo = git_repo()
-    secret = ["--secret", f"git/password={git_server.password}"]
+    password = {"git/password": git_server.password}
     slow = runs.manifest(repo.http_url, **basic_auth(git_server), config={"sleepSeconds": "20"})
-    first = runs.start(slow, *secret)
+    first = runs.start(slow, secrets=password)
     locks = Path(pulumi_env.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
     deadline = time.monotonic() + 120
     while not any(p.is_file() for p in locks.rglob("*.json")):
@@ -207,7 +219,7 @@ def test_two_concurrent_ups_one_succeeds_one_conflicts(
         assert time.monotonic() < deadline, "the first up never took the stack lock"
         time.sleep(0.2)
 
-    second, _, second_code = runs.run(slow, *secret)
+    second, _, second_code = runs.run(slow, secrets=password)
     first_result, _, first_code = runs.finish(first)
 
     assert (first_code, first_result.reason) == (0, "Succeeded"), first_result.message
@@ -223,7 +235,7 @@ def test_5000_outputs_give_a_bounded_truncated_result(
         repo.http_url, **basic_auth(git_server), config={"outputCount": "5000"}
     )
 
-    result, _, code = runs.run(manifest, "--secret", f"git/password={git_server.password}")
+    result, _, code = runs.run(manifest, secrets={"git/password": git_server.password})
 
     assert (code, result.reason) == (0, "Succeeded"), result.message
     assert result.truncated
