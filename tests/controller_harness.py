@@ -9,8 +9,15 @@ the admission policy on the controller's Secrets from the kustomize base, a
 ``pkobatch-system/pkobatch-controller`` ServiceAccount bound to the controller role, and
 returns a factory writing that SA's kubeconfig.
 
-``ControllerProcess``: start/kill/restart the controller for one namespace; ``metric(name,
-**labels)`` reads its Prometheus endpoint; ``log_text()`` its output (for secret scans).
+``ControllerProcess``: start/kill/restart the controller for one namespace (``env`` overrides
+its settings, e.g. ``PKOBATCH_JOB__COMMAND``); ``metric(name, **labels)`` reads its Prometheus
+endpoint; ``log_text()`` its output.
+
+Stacks: ``apply_stack``, ``stack_spec(repo, pulumi_env)`` (the test program from ``repo`` over
+authenticated HTTP, on the test's file:// backend, credentials and passphrase from the
+Secrets of the e2e ``secrets`` fixture), ``wait_stack(..., predicate)``, ``ready``,
+``settled`` (Ready, or a failed last run that says why, and not reconciling any more),
+``condition``, ``last_update``, ``stack_jobs``.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from typing import Any
 
 import yaml
 
-from pkobatch.api.constants import FIELD_MANAGER_CLI
+from pkobatch.api.constants import FIELD_MANAGER_CLI, STACK_LABEL
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
+    JOBS,
     NAMESPACES,
     ROLEBINDINGS,
     SERVICEACCOUNTS,
@@ -268,3 +276,56 @@ def ready(stack: JSON) -> bool:
         status.get("observedGeneration") == meta.get("generation")
         and condition(stack, "Ready").get("status") == "True"
     )
+
+
+def literal(value: str) -> JSON:
+    return {"type": "Literal", "literal": {"value": value}}
+
+
+def secret(name: str, key: str) -> JSON:
+    return {"type": "Secret", "secret": {"name": name, "key": key}}
+
+
+def stack_spec(repo: Any, pulumi_env: Any, **extra: Any) -> JSON:
+    """A Stack of the test program in ``repo``, on the test's file:// backend."""
+    env = pulumi_env.env
+    return {
+        "stack": "dev",
+        "projectRepo": repo.http_url,
+        "branch": "main",
+        "gitAuth": {
+            "basicAuth": {
+                "userName": secret("git", "username"),
+                "password": secret("git", "password"),
+            }
+        },
+        "config": {"directory": str(pulumi_env.files_dir)},
+        "secretsRef": {"token": secret("pulumi", "token")},
+        "envRefs": {
+            "PULUMI_BACKEND_URL": literal(env["PULUMI_BACKEND_URL"]),
+            "PULUMI_CONFIG_PASSPHRASE": secret("pulumi", "passphrase"),
+            "PULUMI_HOME": literal(env["PULUMI_HOME"]),
+            "PULUMI_SKIP_UPDATE_CHECK": literal("true"),
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": literal("true"),
+            "PULUMI_PYTHON_CMD": literal(sys.executable),
+        },
+        **extra,
+    }
+
+
+def stack_jobs(kube: Kube, namespace: str, name: str) -> list[JSON]:
+    jobs, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}={name}")
+    return sorted(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
+
+
+def last_update(stack: JSON) -> JSON:
+    return dict((stack.get("status") or {}).get("lastUpdate") or {})
+
+
+def settled(stack: JSON) -> bool:
+    """The end state every fault must lead to: Ready for the current generation, or a failed
+    last run whose message names the cause — and in either case no longer Reconciling."""
+    if condition(stack, "Reconciling").get("status") == "True":
+        return False
+    update = last_update(stack)
+    return ready(stack) or (update.get("state") == "failed" and bool(update.get("message")))

@@ -806,6 +806,16 @@ class NodeAgent:
                 if w.process is not None and w.process.poll() is None
             )
 
+    def process_id(self, namespace: str, name: str) -> int | None:
+        """The pid of the process running pod ``namespace/name`` now (it leads its own
+        process group, as a container's first process does), if any."""
+        with self.lock:
+            for worker in self._workers.values():
+                process = worker.process
+                if (worker.namespace, worker.name) == (namespace, name) and process is not None:
+                    return process.pid if process.poll() is None else None
+        return None
+
     # -- watch ----------------------------------------------------------------------------
 
     def _watch_loop(self) -> None:

@@ -11,20 +11,35 @@ the runner does: no ``pulumi-language-python`` host is needed. ``config`` values
 by ``jobs/build-runner-bundle.sh`` here rather than in scripts/bootstrap.sh, so that a bare
 ``pytest`` run after an edit tests a bundle of the edited sources (the script's cache key is a
 hash of the sources and pins: a warm run only hashes, a cold one takes a few minutes).
+
+The real controller (tests/controller_harness.py):
+
+``controller_rbac`` (session): the controller's and runner's RBAC from deploy/kustomize/base.
+``controller`` -> ``ControllerProcess`` running for the test's namespace under its own
+ServiceAccount (the runner role bound in the namespace); stopped after the test.
+``secrets`` -> the Secrets ``stack_spec`` names, as created: ``git`` (``username``,
+``password``: the git server's) and ``pulumi`` (``passphrase``, and ``token``: a sentinel).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import runpy
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from controller_harness import ControllerProcess, bind_runner, install_controller_rbac
 from pulumi import automation as auto
+from sentinels import plant
+
+from pkobatch.kube.client import SECRETS, Kube
+
+JSON = dict[str, Any]
 
 
 @pytest.fixture
@@ -80,3 +95,40 @@ def runner_bundle() -> Path:
     if built.returncode != 0:
         pytest.fail(f"{BUNDLE_SCRIPT} failed:\n{built.stderr[-4000:]}", pytrace=False)
     return Path(built.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(cluster: Any) -> None:
+    install_controller_rbac(cluster.kube)
+
+
+@pytest.fixture
+def controller(
+    cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_bin: Path
+) -> Iterator[ControllerProcess]:
+    bind_runner(cluster.kube, namespace)
+    process = ControllerProcess(cluster, namespace, tmp_path / "controller")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> JSON:
+    """The Secrets the Stacks name: git credentials and the Pulumi passphrase."""
+    values = {
+        "git": {"username": git_server.username, "password": git_server.password},
+        "pulumi": {"passphrase": pulumi_env.passphrase, "token": plant("pulumi-token")},
+    }
+    for name, data in values.items():
+        kube.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            },
+            namespace,
+        )
+    return values

@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,11 @@ import pytest
 from controller_harness import (
     ControllerProcess,
     apply_stack,
-    bind_runner,
     condition,
-    install_controller_rbac,
+    last_update,
     ready,
+    stack_jobs,
+    stack_spec,
     wait_stack,
 )
 
@@ -34,7 +35,6 @@ from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
-    STACK_LABEL,
 )
 from pkobatch.controller.fold import parse_time
 from pkobatch.dev.processes import wait_until
@@ -54,88 +54,6 @@ from pkobatch.kube.client import (
 pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
-SENTINEL = "sentinel-d0-not-leak-7f3a9c"
-
-
-@pytest.fixture(scope="session")
-def controller_rbac(cluster: Any) -> None:
-    install_controller_rbac(cluster.kube)
-
-
-@pytest.fixture
-def controller(
-    cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_bin: Path
-) -> Iterator[ControllerProcess]:
-    bind_runner(cluster.kube, namespace)
-    process = ControllerProcess(cluster, namespace, tmp_path / "controller")
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> JSON:
-    """The Secrets the Stacks name: git credentials and the Pulumi passphrase."""
-    values = {
-        "git": {"username": git_server.username, "password": git_server.password},
-        "pulumi": {"passphrase": pulumi_env.passphrase, "token": SENTINEL},
-    }
-    for name, data in values.items():
-        kube.create(
-            SECRETS,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": name},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-            },
-            namespace,
-        )
-    return values
-
-
-def literal(value: str) -> JSON:
-    return {"type": "Literal", "literal": {"value": value}}
-
-
-def secret(name: str, key: str) -> JSON:
-    return {"type": "Secret", "secret": {"name": name, "key": key}}
-
-
-def stack_spec(repo: Any, pulumi_env: Any, **extra: Any) -> JSON:
-    """A Stack of the test program in ``repo``, on the test's file:// backend."""
-    env = pulumi_env.env
-    return {
-        "stack": "dev",
-        "projectRepo": repo.http_url,
-        "branch": "main",
-        "gitAuth": {
-            "basicAuth": {
-                "userName": secret("git", "username"),
-                "password": secret("git", "password"),
-            }
-        },
-        "config": {"directory": str(pulumi_env.files_dir)},
-        "secretsRef": {"token": secret("pulumi", "token")},
-        "envRefs": {
-            "PULUMI_BACKEND_URL": literal(env["PULUMI_BACKEND_URL"]),
-            "PULUMI_CONFIG_PASSPHRASE": secret("pulumi", "passphrase"),
-            "PULUMI_HOME": literal(env["PULUMI_HOME"]),
-            "PULUMI_SKIP_UPDATE_CHECK": literal("true"),
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": literal("true"),
-            "PULUMI_PYTHON_CMD": literal(sys.executable),
-        },
-        **extra,
-    }
-
-
-def stack_jobs(kube: Kube, namespace: str, name: str) -> list[JSON]:
-    jobs, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}={name}")
-    return sorted(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
-
-
-def last_update(stack: JSON) -> JSON:
-    return dict((stack.get("status") or {}).get("lastUpdate") or {})
 
 
 def kubectl(cluster: Any, *args: str) -> str:
@@ -354,31 +272,6 @@ def test_destroy_on_finalize_destroys_resources_of_a_stack_that_never_ran(
         what="the destroy on deletion",
     )
     assert list(pulumi_env.files_dir.iterdir()) == []
-
-
-def test_killed_controller_adopts_running_jobs_without_duplicates(
-    controller: ControllerProcess,
-    kube: Kube,
-    namespace: str,
-    git_repo: Callable[..., Any],
-    pulumi_env: Any,
-    secrets: JSON,
-) -> None:
-    repo = git_repo()
-    spec = stack_spec(repo, pulumi_env)
-    spec["config"]["sleepSeconds"] = "15"
-    apply_stack(kube, namespace, "app", spec)
-    wait_stack(kube, namespace, "app", lambda s: bool((s.get("status") or {}).get("currentUpdate")))
-    running = stack_jobs(kube, namespace, "app")
-    assert len(running) == 1
-    controller.kill()
-    # While the controller is down the run goes on; then a new controller takes over.
-    controller.start()
-    stack = wait_stack(kube, namespace, "app", ready, timeout=300)
-    jobs = stack_jobs(kube, namespace, "app")
-    assert [j["metadata"]["uid"] for j in jobs] == [running[0]["metadata"]["uid"]]
-    assert last_update(stack)["name"] == running[0]["metadata"]["name"]
-    assert stack["status"]["outputs"]["token"] == "[secret]"
 
 
 def test_deleted_job_or_pod_is_a_failed_run_and_a_retry(
