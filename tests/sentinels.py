@@ -151,9 +151,21 @@ def scan_processes(sentinels: Mapping[str, str]) -> list[Leak]:
     if not sentinels:
         return leaks
     for pid, argv in process_arguments().items():
-        shown = argv.replace("\0", " ")[:120]
-        leaks += find(argv, f"the arguments of process {pid} ({shown}...)", sentinels)
+        found = find(argv, "", sentinels)
+        if found:
+            shown = masked(argv.replace("\0", " "), sentinels)[:160]
+            where = f"the arguments of process {pid} ({shown}...)"
+            leaks += [Leak(leak.label, where) for leak in found]
     return leaks
+
+
+def masked(text: str, sentinels: Mapping[str, str]) -> str:
+    """``text`` with every form of every sentinel replaced by its label."""
+    for value, label in sentinels.items():
+        for form in encodings(value):
+            if form:
+                text = text.replace(form, f"<sentinel {label}>")
+    return text
 
 
 class ArgumentWatch:

@@ -185,6 +185,7 @@ def test_a_sentinel_in_a_process_argument_list_or_a_log_is_found(tmp_path: Path)
         time.sleep(0.2)
     assert len(watch.leaks) == 1
     assert watch.leaks[0].label == "selftest" and "the arguments of process" in watch.leaks[0].where
+    assert value not in watch.leaks[0].where and "<sentinel selftest>" in watch.leaks[0].where
 
 
 def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess[str]:
