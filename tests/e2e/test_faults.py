@@ -103,6 +103,31 @@ def test_controller_sigkill_mid_run_adopts_the_run_and_catches_up(
     assert stacks["running"]["status"]["outputs"]["token"] == "[secret]"
 
 
+def test_kube_apiserver_restart_mid_run_loses_nothing(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", files_spec(repo, pulumi_env, "app", sleepSeconds="20"))
+    wait_stack(kube, namespace, "app", running)
+
+    # A crash, not a shutdown: every watch and connection breaks at once; 10 s of outage.
+    cluster.control_plane.restart_component("kube-apiserver", kill=True, down_seconds=10)
+    # The controller's watches must have come back: a Stack created now runs too.
+    apply_stack(kube, namespace, "after", files_spec(repo, pulumi_env, "after"))
+
+    stacks = wait_settled(kube, namespace, ["app", "after"])
+    assert ready(stacks["after"]), last_update(stacks["after"])
+    # The run may have lost its result to the outage; then the retry makes the Stack Ready.
+    assert ready(stacks["app"]), last_update(stacks["app"])
+    assert stacks["app"]["status"]["outputs"]["token"] == "[secret]"
+
+
 def test_result_configmap_deleted_before_folding_is_a_failed_run_then_a_retry(
     controller: ControllerProcess,
     kube: Kube,
