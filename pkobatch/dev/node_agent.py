@@ -75,7 +75,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -297,8 +297,10 @@ class _PodWorker:
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.agent.node_name},
         }
         try:
-            self.agent.kube.request(
-                "POST", PODS.path(self.namespace, self.name, "binding"), body=binding
+            self._while_unreachable(
+                lambda: self.agent.kube.request(
+                    "POST", PODS.path(self.namespace, self.name, "binding"), body=binding
+                )
             )
         except (NotFound, Conflict) as exc:
             log.debug("node agent: not binding %s/%s: %s", self.namespace, self.name, exc)
@@ -356,6 +358,8 @@ class _PodWorker:
                 return self._container_config(container)
             except CreateContainerConfigError as exc:
                 self._report_waiting(container, "CreateContainerConfigError", str(exc))
+            except Unreachable as exc:  # the API server is down: wait for it, as a kubelet does
+                log.warning("node agent: preparing %s/%s: %s", self.namespace, self.name, exc)
             self.cancelled.wait(_RETRY_CONFIG_SECONDS)
         return None
 
@@ -504,17 +508,33 @@ class _PodWorker:
             return  # not this node's pod yet: another agent may still run it
         body = {"metadata": {"uid": self.uid}, "status": status}
         try:
-            self.agent.kube.request(
-                "PATCH",
-                PODS.path(self.namespace, self.name, "status"),
-                body=body,
-                content_type=STRATEGIC_MERGE_PATCH,
+            # A status lost to an outage would leave the pod running forever for the Job
+            # controller: like the kubelet's status manager, try until the API server answers.
+            self._while_unreachable(
+                lambda: self.agent.kube.request(
+                    "PATCH",
+                    PODS.path(self.namespace, self.name, "status"),
+                    body=body,
+                    content_type=STRATEGIC_MERGE_PATCH,
+                )
             )
         except (NotFound, Conflict, Invalid) as exc:
             # Gone, or replaced by a pod of the same name (the uid precondition failed).
             log.debug("node agent: pod %s/%s is gone: %s", self.namespace, self.name, exc)
         except KubeError as exc:
             log.warning("node agent: status of %s/%s: %s", self.namespace, self.name, exc)
+
+    def _while_unreachable(self, call: Callable[[], JSON]) -> JSON:
+        """``call()``, again every few seconds while the API server cannot be reached, until
+        the agent stops (then ``Unreachable`` is raised)."""
+        while True:
+            try:
+                return call()
+            except Unreachable as exc:
+                if self.agent.stopping:
+                    raise
+                log.warning("node agent: %s/%s: %s; retrying", self.namespace, self.name, exc)
+                self.shutdown.wait(_RETRY_CONFIG_SECONDS)
 
     def _container_status(self, container: JSON, state: JSON, *, ready: bool) -> JSON:
         return {
@@ -806,9 +826,13 @@ class NodeAgent:
                 if w.process is not None and w.process.poll() is None
             )
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     def process_id(self, namespace: str, name: str) -> int | None:
-        """The pid of the process running pod ``namespace/name`` now (it leads its own
-        process group, as a container's first process does), if any."""
+        """The pid of the first process of pod ``namespace/name`` (its reaper, leader of the
+        pod's process group) while it runs."""
         with self.lock:
             for worker in self._workers.values():
                 process = worker.process

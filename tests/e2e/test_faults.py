@@ -35,10 +35,11 @@ from pkobatch.api.constants import STACK_LABEL
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, JOBS, PODS, STACKS, Kube
 
-pytestmark = pytest.mark.e2e
+# Longer than any wait below, so a wait's own error (which Stacks, in which state) is reported.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 JSON = dict[str, Any]
 STUB_RUN = Path(__file__).resolve().parents[2] / "bench" / "fanout.py"
-SETTLE_TIMEOUT = 600.0
+SETTLE_TIMEOUT = 900.0
 
 
 def wait_settled(
@@ -181,11 +182,17 @@ def test_runner_sigkill_mid_update_ends_settled(
     first = stack["status"]["currentUpdate"]["name"]
     pods: list[JSON] = []
 
-    def update_holds_the_lock() -> bool:
+    def creating() -> bool:
         pods[:] = kube.list_objects(PODS, namespace, label_selector=f"job-name={first}")[0]
-        return bool(pods) and bool(pulumi_locks(pulumi_env))
+        if not pods:
+            return False
+        log = cluster.log_dir / namespace / f"{pods[0]['metadata']['name']}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return "creating" in text and "file-0" in text
 
-    wait_until(update_holds_the_lock, timeout=300, what="the update to take the stack lock")
+    # The update is creating its sleeping resource: it holds the stack's lock.
+    wait_until(creating, timeout=300, what="the update to create its resource")
+    assert pulumi_locks(pulumi_env)
     pid = cluster.agent.process_id(namespace, pods[0]["metadata"]["name"])
     assert pid is not None
     # As the OOM killer or a node crash does: the whole container, no grace.
@@ -236,7 +243,7 @@ def test_300_stacks_at_once_all_ready_without_retries(
                 name,
                 {"stack": name, "projectRepo": repo.file_url, "branch": "main"},
             )
-        stacks = wait_settled(kube, namespace, names, timeout=3600)
+        stacks = wait_settled(kube, namespace, names, timeout=1500)
     finally:
         controller.stop()
     not_ready = {n: last_update(s) for n, s in stacks.items() if not ready(s)}
