@@ -1,14 +1,21 @@
 """The built Pulumi CLI and the PyPI `pulumi` package run the test programs offline with a
-file:// backend through the Automation API: up, preview, refresh (drift), destroy."""
+file:// backend through the Automation API: up, preview, refresh (drift), destroy; and the
+runner's workspace sets secret config without a command line showing it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pulumi import automation as auto
+from sentinels import ArgumentWatch, plant
+
+from pkobatch.runner.cancel import Budget, Cancellation
+from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace
+from pkobatch.runner.stack_config import ConfigItem, plan_config
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +91,45 @@ def test_syntax_error_variant_fails(automation_stack: Callable[..., auto.Stack])
         stack.up()
 
     assert "SyntaxError" in str(raised.value)
+
+
+def test_the_runner_sets_secret_config_without_putting_it_on_a_command_line(
+    pulumi_env: Any, program_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in pulumi_env.env.items():
+        monkeypatch.setenv(name, value)
+    secret = plant("config-secret")
+    command = RunnerPulumiCommand(Cancellation(Budget.for_grace(30)), pulumi_env.env)
+    workspace = RunnerWorkspace(
+        work_dir=str(program_dir("files")),
+        pulumi_home=str(pulumi_env.home),
+        env_vars=pulumi_env.env,
+        pulumi_command=command,
+    )
+    stack = auto.Stack.create("dev", workspace)
+    items = {
+        "token": ConfigItem(f"{secret}\n", secret=True),  # a trailing newline is kept
+        "other": ConfigItem(secret[::-1], secret=True),
+        "content": ConfigItem("plain", secret=False),
+        "shape": ConfigItem({"a": [1, 2]}, secret=False),
+    }
+
+    # What the runner does (runner/execute.py).
+    plan = plan_config(items)
+    with ArgumentWatch(lambda: {secret: "config-secret"}, interval=0.02) as watch:
+        for document in plan.set_all:
+            stack.set_all_config_json(document)
+        for key, item in plan.from_stdin:
+            workspace.set_config_from_stdin(stack.name, key, str(item.value), item.secret)
+
+    assert watch.leaks == []
+    config = {
+        key.removeprefix("pkobatch-test-files:"): (value.value, value.secret)
+        for key, value in stack.get_all_config().items()
+    }
+    assert config["token"] == (f"{secret}\n", True)
+    assert config["other"] == (secret[::-1], True)
+    assert config["content"] == ("plain", False)
+    assert json.loads(config["shape"][0]) == {"a": [1, 2]}
+    stack_file = Path(workspace.work_dir) / "Pulumi.dev.yaml"
+    assert secret not in stack_file.read_text()
