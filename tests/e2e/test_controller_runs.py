@@ -25,11 +25,13 @@ from controller_harness import (
     apply_stack,
     condition,
     last_update,
+    literal,
     ready,
     stack_jobs,
     stack_spec,
     wait_stack,
 )
+from sentinels import plant
 
 from pkobatch.api.constants import (
     FINALIZER,
@@ -474,7 +476,7 @@ def test_drift_is_detected_and_remediated(
 # Run inputs (issue 11, items 2, 6, 7): inline secrets, a large spec, the Job's UID
 # ---------------------------------------------------------------------------------------
 
-INLINE_SENTINEL = "sentinel-inline-secret-3e8b1d"
+INLINE_SENTINEL = plant("inline-secret")
 # Appended to the test program: what it saw of config "token" and "blob".
 REPORTING_PROGRAM = """
 import hashlib
