@@ -13,7 +13,9 @@ Plain values are set with ``pulumi config set-all --json``, which takes strings 
 values alike, in as few calls as keep each argument small (``plan_config``). A value never
 travels as an argument when it is secret (process listings show arguments) or a string too
 large for one (Linux caps an argument at 128 KiB): ``pulumi config set [--secret] KEY`` reads
-it from standard input, one call each.
+it from standard input, one call each. A structured value too large for an argument goes the
+same way as its JSON text, which programs read with ``get_object`` just the same (a project
+that declares the key's type in ``Pulumi.yaml`` sees a string).
 """
 
 from __future__ import annotations
@@ -129,12 +131,9 @@ def plan_config(items: Mapping[str, ConfigItem]) -> ConfigPlan:
             plan.from_stdin.append((key, item))
             continue
         if size > MAX_CONFIG_ARGUMENT_BYTES:
-            raise RunFailure(
-                "InvalidSpec",
-                f"config {key}: a structured value of {size} bytes is more than Pulumi's "
-                f"command line takes ({MAX_CONFIG_ARGUMENT_BYTES}); give it as a JSON string "
-                "and parse it in the program, or split it into several keys",
-            )
+            as_text = ConfigItem(json.dumps(item.value, separators=(",", ":")), item.secret)
+            plan.from_stdin.append((key, as_text))
+            continue
         if batch and len(config_json({**batch, key: item}).encode("utf-8")) > (
             MAX_CONFIG_ARGUMENT_BYTES
         ):

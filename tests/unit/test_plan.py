@@ -696,6 +696,22 @@ def test_running_job_without_current_update_is_adopted() -> None:
     assert world.current_job() == name
 
 
+def test_an_adopted_job_gets_its_inputs_again() -> None:
+    # The controller may have stopped between creating the Job and its run Secret: adopting
+    # the Job asks for its inputs again (AlreadyExists when they are there).
+    world = World(spec={**GIT_SPEC, "secrets": {"password": "inline-value"}})
+    first = world.step()
+    name = world.current_job()
+    assert first.inputs_job == name
+    assert [i["metadata"]["name"] for i in first.create_inputs] == [f"{name}-secrets"]
+    del world.stack["status"]["currentUpdate"]  # the status write was lost
+    adopted = world.step()
+    assert adopted.create_job is None and world.current_job() == name
+    assert adopted.inputs_job == name and adopted.create_inputs == first.create_inputs
+    # Once adopted, nothing more is created.
+    assert world.step().create_inputs == ()
+
+
 def test_finished_job_whose_fold_was_lost_is_folded_not_rerun() -> None:
     world = World()
     world.step()

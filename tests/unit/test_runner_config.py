@@ -179,6 +179,9 @@ def test_no_secret_and_no_large_value_is_a_process_argument() -> None:
     assert all("s3cret-value" not in doc and big not in doc for doc in plan.set_all)
 
 
-def test_a_structured_value_too_large_for_an_argument_is_refused_with_advice() -> None:
-    with pytest.raises(RunFailure, match="give it as a JSON string"):
-        plan_config({"obj": ConfigItem({"data": "x" * (100 * 1024)}, False)})
+def test_a_structured_value_too_large_for_an_argument_is_set_as_its_json_text() -> None:
+    value = {"data": "x" * (100 * 1024), "n": [1, 2]}
+    plan = plan_config({"obj": ConfigItem(value, False)})
+    assert plan.set_all == []
+    [(key, item)] = plan.from_stdin
+    assert key == "obj" and not item.secret and json.loads(item.value) == value
