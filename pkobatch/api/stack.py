@@ -110,8 +110,17 @@ class SecretSelector(_Model):
     )
 
 
+# A value that reaches the run in an environment variable: Linux caps one at 128 KiB, so the
+# API server refuses a longer one with this limit (4 bytes a character at most in UTF-8).
+MAX_ENV_VALUE_CHARS: Final = 32000
+ENV_VALUE = CrdHint(extra={"maxLength": MAX_ENV_VALUE_CHARS})
+
+
 class LiteralRef(_Model):
-    value: str = Field(description="The value itself.")
+    value: Annotated[str, ENV_VALUE] = Field(
+        description=f"The value itself (at most {MAX_ENV_VALUE_CHARS} characters: it reaches "
+        "the run in an environment variable)."
+    )
 
 
 class ResourceRef(_Model):
@@ -433,8 +442,10 @@ class StackSpec(_Model):
     config_ref: dict[str, ConfigMapRef] | None = Field(
         default=None, description="Stack config read from ConfigMaps."
     )
-    secrets: dict[str, str] | None = Field(
-        default=None, description="Deprecated (use secretsRef): inline secret config values."
+    secrets: dict[str, Annotated[str, ENV_VALUE]] | None = Field(
+        default=None,
+        description="Deprecated (use secretsRef): inline secret config values (each at most "
+        f"{MAX_ENV_VALUE_CHARS} characters: it reaches the run in an environment variable).",
     )
     secrets_ref: dict[str, ResourceRef] | None = Field(
         default=None, description="Secret config values from Secrets or literals."

