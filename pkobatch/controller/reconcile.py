@@ -132,6 +132,11 @@ class Admission:
             self._reserved[key] = now
             return True
 
+    def waiting(self) -> int:
+        """How many Stacks wait for a free slot."""
+        with self._lock:
+            return len(self._waiting)
+
     def _free(self) -> int:
         busy = set(self._active) | set(self._reserved)
         return self._limit - len(busy)
@@ -188,6 +193,7 @@ class StackReconciler:
             insecure_http_hosts=tuple(settings.insecure_http_git_hosts),
         )
         self.admission = Admission(settings.max_active_jobs, enqueuer.enqueue)
+        metrics.track_admission(self.admission.waiting, settings.max_active_jobs)
         self.dependents = Dependents()
         self._observer = Observer(kube, stores, self.poller, settings, self._template)
         self._actor = Actor(kube, EventRecorder(kube))

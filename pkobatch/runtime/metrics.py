@@ -1,9 +1,13 @@
-"""Prometheus metrics: controller-runtime's names, so its dashboards and alerts work as-is,
-plus a few ``pkobatch_*`` domain metrics.
+"""Prometheus metrics: controller-runtime's names and PKO's Stack gauges, so dashboards and
+alerts written for PKO work as-is, plus ``pkobatch_*`` domain metrics (docs/operations.md).
 
-Per-Stack series (``pkobatch_stack_info``) and the active-Job count are computed from the
-stores at scrape time by a custom collector, so deleted Stacks never leave stale series and
-nothing has to keep the numbers up to date.
+The controller label is PKO's ``stack-controller``. PKO's gauges keep PKO's names and labels:
+``stacks_active``, ``stacks_failing{namespace,name}`` (1 when ``lastUpdate.state`` is failed)
+and ``stacks_reconciling{namespace,name}`` (1 while the Reconciling condition is True).
+
+Per-Stack series and the Job counts are computed from the stores at scrape time by a custom
+collector, so deleted Stacks never leave stale series and nothing has to keep the numbers up
+to date.
 
 Each ``Metrics`` has its own registry (with the process/platform/GC collectors), so several
 managers can live in one test process.
@@ -11,7 +15,7 @@ managers can live in one test process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -27,14 +31,21 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from pkobatch.api.constants import CONDITION_READY, OPERATIONS
+from pkobatch.api.constants import (
+    CONDITION_DRIFTED,
+    CONDITION_READY,
+    CONDITION_RECONCILING,
+    CONDITION_STALLED,
+    OPERATIONS,
+)
 
 if TYPE_CHECKING:
     from pkobatch.runtime.interfaces import Stores
     from pkobatch.runtime.workqueue import WorkQueue
 
 JSON = dict[str, Any]
-CONTROLLER: Final = "stack"
+# PKO's controller name, so PKO's dashboards select pkobatch's series.
+CONTROLLER: Final = "stack-controller"
 RECONCILE_RESULTS: Final = ("success", "error", "requeue", "requeue_after")
 OPERATION_RESULTS: Final = ("succeeded", "failed", "conflict", "cancelled", "timeout")
 # controller-runtime's reconcile_time_seconds buckets.
@@ -261,6 +272,19 @@ class Metrics:
     def track_stores(self, stores: Stores) -> None:
         self.registry.register(_StoreCollector(stores))
 
+    def track_admission(self, waiting: Callable[[], int], cap: int) -> None:
+        """Export the cap on active Jobs and how many Stacks wait for a free slot."""
+        Gauge(
+            "pkobatch_jobs_waiting",
+            "Stacks waiting to start a Job because max_active_jobs Jobs are active",
+            registry=self.registry,
+        ).set_function(lambda: float(waiting()))
+        Gauge(
+            "pkobatch_jobs_max_active",
+            "The cap on active Jobs (setting max_active_jobs)",
+            registry=self.registry,
+        ).set(cap)
+
     def exposition(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
@@ -293,26 +317,57 @@ class QueueHooks:
 
 
 class _StoreCollector:
-    """Per-Stack info and the active-Job count, read from the stores at scrape time."""
+    """Per-Stack series, PKO's gauges and the active-Job count, read from the stores at
+    scrape time."""
 
     def __init__(self, stores: Stores) -> None:
         self._stores = stores
 
     def collect(self) -> Iterator[Metric]:
+        per_stack = ["namespace", "name"]
         info = GaugeMetricFamily(
             "pkobatch_stack_info",
             "One series per Stack with its Pulumi stack, readiness, Ready reason and suspension",
             labels=["namespace", "name", "stack", "ready", "reason", "suspended"],
         )
-        for stack in self._stores.stacks.list_objects():
+        failing = GaugeMetricFamily(
+            "stacks_failing",
+            "1 when the Stack's last update failed (PKO's gauge)",
+            labels=per_stack,
+        )
+        reconciling = GaugeMetricFamily(
+            "stacks_reconciling",
+            "1 while the Stack's Reconciling condition is True (PKO's gauge)",
+            labels=per_stack,
+        )
+        stalled = GaugeMetricFamily(
+            "pkobatch_stack_stalled",
+            "1 while the Stack's Stalled condition is True (it needs a change or a request), "
+            "with the Stalled reason",
+            labels=[*per_stack, "reason"],
+        )
+        drifted = GaugeMetricFamily(
+            "pkobatch_stack_drifted",
+            "1 while the Stack's Drifted condition is True (its last drift check found changes)",
+            labels=per_stack,
+        )
+        failures = GaugeMetricFamily(
+            "pkobatch_stack_consecutive_failures",
+            "Failed runs in a row for the Stack's current generation and request "
+            "(status.lastUpdate.failures)",
+            labels=per_stack,
+        )
+        stacks = self._stores.stacks.list_objects()
+        for stack in stacks:
             meta = stack.get("metadata") or {}
             spec = stack.get("spec") or {}
-            conditions = (stack.get("status") or {}).get("conditions") or ()
-            ready: JSON = next((c for c in conditions if c.get("type") == CONDITION_READY), {})
+            status = stack.get("status") or {}
+            last_update = status.get("lastUpdate") or {}
+            key = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
+            ready = _condition(status, CONDITION_READY)
             info.add_metric(
                 [
-                    str(meta.get("namespace", "")),
-                    str(meta.get("name", "")),
+                    *key,
                     str(spec.get("stack", "")),
                     str(ready.get("status", "Unknown")),
                     str(ready.get("reason", "")),
@@ -320,7 +375,15 @@ class _StoreCollector:
                 ],
                 1.0,
             )
-        yield info
+            failing.add_metric(key, 1.0 if last_update.get("state") == "failed" else 0.0)
+            reconciling.add_metric(key, _true(_condition(status, CONDITION_RECONCILING)))
+            stall = _condition(status, CONDITION_STALLED)
+            stalled.add_metric([*key, str(stall.get("reason", ""))], _true(stall))
+            drifted.add_metric(key, _true(_condition(status, CONDITION_DRIFTED)))
+            failures.add_metric(key, float(last_update.get("failures") or 0))
+        active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
+        active_stacks.add_metric([], float(len(stacks)))
+        yield from (active_stacks, failing, reconciling, info, stalled, drifted, failures)
         active = GaugeMetricFamily(
             "pkobatch_jobs_active", "pkobatch Jobs that have not finished (Complete or Failed)"
         )
@@ -331,6 +394,15 @@ class _StoreCollector:
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+def _condition(status: JSON, condition_type: str) -> JSON:
+    conditions = status.get("conditions") or ()
+    return next((c for c in conditions if c.get("type") == condition_type), {})
+
+
+def _true(condition: JSON) -> float:
+    return 1.0 if condition.get("status") == "True" else 0.0
 
 
 def _active(job: JSON) -> bool:

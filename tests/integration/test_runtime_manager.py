@@ -218,8 +218,11 @@ def test_endpoints_report_health_readiness_and_metrics(
     assert get(f"{health}/readyz") == (200, "ok\n")
     status, text = get(f"{metrics}/metrics")
     assert status == 200
-    assert 'controller_runtime_reconcile_total{controller="stack",result="success"}' in text
-    assert 'controller_runtime_max_concurrent_reconciles{controller="stack"} 2.0' in text
+    # PKO's controller name, so PKO's dashboards select these series.
+    controller = 'controller="stack-controller"'
+    assert f'controller_runtime_reconcile_total{{{controller},result="success"}}' in text
+    assert f"controller_runtime_max_concurrent_reconciles{{{controller}}} 2.0" in text
+    assert "stacks_active 1.0" in text
     assert f'pkobatch_stack_info{{name="measured",namespace="{namespace}"' in text
     host = urllib.parse.urlsplit(str(cluster.server)).netloc
     assert f'rest_client_requests_total{{code="200",host="{host}",method="GET"}}' in text

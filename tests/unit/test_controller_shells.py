@@ -59,11 +59,13 @@ def test_admission_caps_active_jobs_and_serves_the_oldest_waiter_first() -> None
     assert not admission.acquire(C)  # full: C waits
     clock.now = 2
     assert not admission.acquire(D)  # D waits behind C
+    assert admission.waiting() == 2
     admission.track(B, None)  # B's run reserved a slot but it never showed; still counted
     admission.track(A, None)  # A's Job finished: one slot free
     assert woken == [C]
     assert not admission.acquire(D)  # D may not jump the queue
     assert admission.acquire(C)
+    assert admission.waiting() == 1
 
 
 def test_a_waiter_that_no_longer_needs_a_slot_does_not_hold_up_others() -> None:

@@ -56,6 +56,80 @@ def test_stack_info_and_active_jobs_follow_the_stores() -> None:
     assert metrics.registry.get_sample_value("pkobatch_stack_info", labels) is None
 
 
+def pko_stack(name: str, namespace: str, status: dict[str, Any]) -> Any:
+    return {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+        "spec": {"stack": f"org/{name}/dev"},
+        "status": status,
+    }
+
+
+def test_pko_gauges_and_per_stack_health_follow_the_stores() -> None:
+    """PKO's stacks_active/stacks_failing/stacks_reconciling with PKO's labels, and the
+    per-Stack gauges the alerts read (Stalled with its reason, Drifted, failures in a row)."""
+    metrics = Metrics()
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    metrics.track_stores(stores)
+    failing_status = {
+        "lastUpdate": {"state": "failed", "failures": 3},
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "NotReadyStalled"},
+            {"type": "Stalled", "status": "True", "reason": "UpdateFailed"},
+            {"type": "Reconciling", "status": "False", "reason": "StackProcessing"},
+        ],
+    }
+    running_status = {
+        "lastUpdate": {"state": "succeeded"},
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "NotReadyInProgress"},
+            {"type": "Reconciling", "status": "True", "reason": "StackProcessing"},
+            {"type": "Drifted", "status": "True", "reason": "DriftDetected"},
+        ],
+    }
+    stores.stacks.upsert(pko_stack("broken", "team-a", failing_status))
+    stores.stacks.upsert(pko_stack("busy", "team-b", running_status))
+    stores.stacks.upsert(pko_stack("new", "team-b", {}))
+    value = metrics.registry.get_sample_value
+    broken = {"namespace": "team-a", "name": "broken"}
+    busy = {"namespace": "team-b", "name": "busy"}
+    new = {"namespace": "team-b", "name": "new"}
+    assert value("stacks_active") == 3.0
+    assert [value("stacks_failing", k) for k in (broken, busy, new)] == [1.0, 0.0, 0.0]
+    assert [value("stacks_reconciling", k) for k in (broken, busy, new)] == [0.0, 1.0, 0.0]
+    assert value("pkobatch_stack_stalled", {**broken, "reason": "UpdateFailed"}) == 1.0
+    assert value("pkobatch_stack_stalled", {**busy, "reason": ""}) == 0.0
+    assert [value("pkobatch_stack_drifted", k) for k in (broken, busy, new)] == [0.0, 1.0, 0.0]
+    assert value("pkobatch_stack_consecutive_failures", broken) == 3.0
+    assert value("pkobatch_stack_consecutive_failures", new) == 0.0
+    stores.stacks.delete(pko_stack("broken", "team-a", {}))
+    assert value("stacks_active") == 2.0
+    assert value("stacks_failing", broken) is None
+
+
+def test_admission_gauges_read_the_waiting_count_at_scrape_time() -> None:
+    metrics = Metrics()
+    waiting = [0]
+    metrics.track_admission(lambda: waiting[0], 7)
+    assert metrics.registry.get_sample_value("pkobatch_jobs_max_active") == 7.0
+    assert metrics.registry.get_sample_value("pkobatch_jobs_waiting") == 0.0
+    waiting[0] = 4
+    assert metrics.registry.get_sample_value("pkobatch_jobs_waiting") == 4.0
+
+
+def test_controller_label_is_pkos_stack_controller() -> None:
+    metrics = Metrics()
+    metrics.reconcile_finished("success", 0.1)
+    assert (
+        metrics.registry.get_sample_value(
+            "controller_runtime_reconcile_total",
+            {"controller": "stack-controller", "result": "success"},
+        )
+        == 1.0
+    )
+
+
 def test_requests_are_counted_by_code_method_and_host() -> None:
     metrics = Metrics()
     metrics.set_api_server("https://10.0.0.1:6443")

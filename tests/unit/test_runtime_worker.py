@@ -58,7 +58,7 @@ def run_one(queue: WorkQueue[StackKey], pool: WorkerPool) -> None:
 
 def total(metrics: Metrics, result: str) -> float | None:
     return metrics.registry.get_sample_value(
-        "controller_runtime_reconcile_total", {"controller": "stack", "result": result}
+        "controller_runtime_reconcile_total", {"controller": "stack-controller", "result": result}
     )
 
 
@@ -82,7 +82,7 @@ def test_success_forgets_backoff_and_does_not_requeue() -> None:
     assert total(metrics, "error") == 1.0
     assert (
         metrics.registry.get_sample_value(
-            "controller_runtime_reconcile_panics_total", {"controller": "stack"}
+            "controller_runtime_reconcile_panics_total", {"controller": "stack-controller"}
         )
         == 1.0
     )
@@ -113,19 +113,20 @@ def test_api_errors_retry_with_growing_backoff() -> None:
     assert queue.get(timeout=0) == KEY
     assert (
         metrics.registry.get_sample_value(
-            "controller_runtime_reconcile_errors_total", {"controller": "stack"}
+            "controller_runtime_reconcile_errors_total", {"controller": "stack-controller"}
         )
         == 2.0
     )
     assert (
         metrics.registry.get_sample_value(
-            "controller_runtime_reconcile_panics_total", {"controller": "stack"}
+            "controller_runtime_reconcile_panics_total", {"controller": "stack-controller"}
         )
         == 0.0
     )
     assert (
         metrics.registry.get_sample_value(
-            "workqueue_retries_total", {"controller": "stack", "name": "stack"}
+            "workqueue_retries_total",
+            {"controller": "stack-controller", "name": "stack-controller"},
         )
         == 2.0
     )
@@ -139,7 +140,7 @@ def test_terminal_error_is_not_retried() -> None:
     assert queue.get(timeout=0) is None
     assert (
         metrics.registry.get_sample_value(
-            "controller_runtime_terminal_reconcile_errors_total", {"controller": "stack"}
+            "controller_runtime_terminal_reconcile_errors_total", {"controller": "stack-controller"}
         )
         == 1.0
     )
