@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/bootstrap.sh
+# helm, promtool and the Prometheus Operator's CRDs, for the tests of deploy/ (cached by version).
+bash scripts/tools.sh helm promtool prometheus_operator
 
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" >&2

@@ -5,10 +5,12 @@
 # version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
-#   scripts/tools.sh          build everything that is missing
+#   scripts/tools.sh          build etcd kubernetes pulumi yaml kubernetes_provider where missing
 #   scripts/tools.sh yaml kubernetes_provider
 #                             build only the named components (etcd kubernetes pulumi yaml
-#                             kubernetes_provider)
+#                             kubernetes_provider helm promtool prometheus_operator); helm,
+#                             promtool and prometheus_operator are built only when named: the
+#                             tests of deploy/ need them (scripts/test.sh asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -185,10 +187,72 @@ build_kubernetes_provider() {
   say "pulumi-resource-kubernetes $V: built in $out"
 }
 
+build_helm() {
+  local V=$HELM_VERSION out="$TOOLS/helm-$HELM_VERSION"
+  if [ -f "$out/.stamp" ]; then say "helm $V: cached in $out"; return; fi
+  local w KV LDF; w=$(mktemp -d); cd "$w"
+    step="helm: resolve modules"; say "helm $V: resolving modules"
+    go mod init pkobatch-tools/helm >/dev/null 2>&1
+    go get -tool "helm.sh/helm/v3/cmd/helm@$V"
+    # As helm's Makefile: the Kubernetes version `helm template` and `helm lint` assume
+    # follows the client-go helm was built with (v0.37.x -> 1.37).
+    KV=$(go list -m -f '{{.Version}}' k8s.io/client-go); KV=${KV#v0.}; KV=${KV%%.*}
+    LDF="-s -w -X helm.sh/helm/v3/internal/version.version=$V -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      LDF="$LDF -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$KV"
+    done
+    step="helm: build"; say "helm $V: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false -ldflags "$LDF" -o "$out.tmp/helm" helm.sh/helm/v3/cmd/helm
+  cd "$here"; rm -rf "$w"
+  step="helm: verify"
+  got=$("$out.tmp/helm" version --template '{{.Version}}')
+  [ "$got" = "$V" ] || { echo "tools.sh: built helm reports '$got', expected $V" >&2; exit 1; }
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "helm $V: built in $out"
+}
+
+build_promtool() {
+  local M=$PROMETHEUS_MODULE_VERSION out="$TOOLS/promtool-$PROMETHEUS_MODULE_VERSION"
+  if [ -f "$out/.stamp" ]; then say "promtool $M: cached in $out"; return; fi
+  # Prometheus 3.x releases are module versions v0.3XX.Y (v0.316.0 is Prometheus 3.16.0).
+  local w V LDF; V=${M#v0.}; V="${V:0:1}.$((10#${V:1:2})).${V#*.}"; w=$(mktemp -d); cd "$w"
+    step="promtool: resolve modules"; say "promtool $M: resolving modules"
+    go mod init pkobatch-tools/promtool >/dev/null 2>&1
+    go get -tool "github.com/prometheus/prometheus/cmd/promtool@$M"
+    LDF="-s -w -X github.com/prometheus/common/version.Version=$V -X github.com/prometheus/common/version.Branch=HEAD"
+    step="promtool: build"; say "promtool $M: building"
+    mkdir -p "$out.tmp"
+    # remove_all_sd leaves out the service-discovery plugins (cloud SDKs): they matter only
+    # to `promtool check config` of SD sections, never to rules, and halve the build.
+    go build -trimpath -buildvcs=false -tags netgo,remove_all_sd -ldflags "$LDF" \
+      -o "$out.tmp/promtool" github.com/prometheus/prometheus/cmd/promtool
+  cd "$here"; rm -rf "$w"
+  step="promtool: verify"; "$out.tmp/promtool" --version 2>&1 | head -1 >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "promtool $M: built in $out"
+}
+
+build_prometheus_operator() {
+  local V=$PROMETHEUS_OPERATOR_VERSION out="$TOOLS/prometheus_operator-$PROMETHEUS_OPERATOR_VERSION"
+  if [ -f "$out/.stamp" ]; then say "prometheus-operator CRDs $V: cached in $out"; return; fi
+  # Nothing to build: the module ships its CRDs (example/prometheus-operator-crd).
+  local src
+  step="prometheus_operator: download"; say "prometheus-operator CRDs $V: downloading module"
+  src=$(cd "$TOOLS" && GO111MODULE=on go mod download -json "github.com/prometheus-operator/prometheus-operator@$V" \
+    | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp/crds"
+  install -m 0644 "$src"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$out.tmp/crds/"
+  step="prometheus_operator: verify"
+  [ -f "$out.tmp/crds/monitoring.coreos.com_servicemonitors.yaml" ] && [ -f "$out.tmp/crds/monitoring.coreos.com_prometheusrules.yaml" ]
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "prometheus-operator CRDs $V: in $out/crds"
+}
+
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator)" >&2; exit 2; }
   "build_$t"
 done
 step=""

@@ -47,6 +47,10 @@ It is plain http on loopback, so pkobatch sends it credentials only with the opt
 ``all_tools`` -> ``Tools``: etcd, Kubernetes and Pulumi, all built (for tests that start their
 own environment with ``pkobatch dev``).
 
+``helm_bin`` -> Path: the built ``helm``; ``promtool_bin`` -> Path: the built ``promtool``;
+``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files
+(``scripts/tools.sh helm promtool prometheus_operator``).
+
 Function scope
 --------------
 ``kube``       the admin ``Kube`` (same object as ``cluster.kube``).
@@ -571,6 +575,21 @@ def kubernetes_provider(yaml_host: Path) -> Path:
 def all_tools() -> Tools:
     """Every built component, for tests that start their own environment (``pkobatch dev``)."""
     return require_tools(("etcd", "kubernetes", "pulumi"))
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    return Path(require_tools(("helm",)).binary("helm", "helm"))
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> Path:
+    return Path(require_tools(("promtool",)).binary("promtool", "promtool"))
+
+
+@pytest.fixture(scope="session")
+def prometheus_operator_crds() -> Path:
+    return require_tools(("prometheus_operator",)).bin_dir("prometheus_operator") / "crds"
 
 
 @dataclass

@@ -15,7 +15,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Final, Literal
 
-Component = Literal["etcd", "kubernetes", "pulumi", "yaml", "kubernetes_provider"]
+Component = Literal[
+    "etcd",
+    "kubernetes",
+    "pulumi",
+    "yaml",
+    "kubernetes_provider",
+    "helm",
+    "promtool",
+    "prometheus_operator",
+]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
     "kubernetes",
@@ -25,12 +34,17 @@ COMPONENTS: Final[tuple[Component, ...]] = (
 )
 PULUMI_PLUGINS: Final[tuple[Component, ...]] = ("yaml", "kubernetes_provider")
 """Plugins the Pulumi CLI finds on ``PATH`` (a language host, a resource provider)."""
+ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = ("helm", "promtool", "prometheus_operator")
+"""Tools only the tests of ``deploy/`` need; ``scripts/test.sh`` builds them, the demo does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
     "pulumi": "PULUMI_VERSION",
     "yaml": "PULUMI_YAML_VERSION",
     "kubernetes_provider": "KUBERNETES_PROVIDER_MODULE_VERSION",
+    "helm": "HELM_VERSION",
+    "promtool": "PROMETHEUS_MODULE_VERSION",
+    "prometheus_operator": "PROMETHEUS_OPERATOR_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -38,6 +52,10 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "pulumi": ("pulumi", "pulumi-resource-pulumi-python"),
     "yaml": ("pulumi-language-yaml",),
     "kubernetes_provider": ("pulumi-resource-kubernetes",),
+    "helm": ("helm",),
+    "promtool": ("promtool",),
+    # Not a binary: the directory holds the operator's CRDs (crds/*.yaml).
+    "prometheus_operator": (),
 }
 
 
@@ -77,6 +95,9 @@ class Tools:
     pulumi: Path | None = None
     yaml: Path | None = None
     kubernetes_provider: Path | None = None
+    helm: Path | None = None
+    promtool: Path | None = None
+    prometheus_operator: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

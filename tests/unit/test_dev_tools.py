@@ -10,6 +10,7 @@ import pytest
 
 from pkobatch.dev.tools import (
     COMPONENTS,
+    ECOSYSTEM_TOOLS,
     PULUMI_PLUGINS,
     Component,
     ToolsMissing,
@@ -20,6 +21,7 @@ from pkobatch.dev.tools import (
 )
 
 TOOLS_SH = Path(__file__).resolve().parents[2] / "scripts" / "tools.sh"
+TEST_SH = TOOLS_SH.with_name("test.sh")
 
 
 def _build(component: Component, *binaries: str) -> Path:
@@ -36,12 +38,20 @@ def _build(component: Component, *binaries: str) -> Path:
 def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
     script = TOOLS_SH.read_text()
     built = set(re.findall(r"^build_(\w+)\(\) \{", script, re.MULTILINE))
-    assert built == set(COMPONENTS)
+    assert built == set(COMPONENTS) | set(ECOSYSTEM_TOOLS)
     default = re.search(r"^want=\$\{\*:-(.*)\}$", script, re.MULTILINE)
     assert default is not None and default.group(1).split() == list(COMPONENTS)
+    # The test command builds the ecosystem tools; the default (bootstrap, demo) does not.
+    assert f"bash scripts/tools.sh {' '.join(ECOSYSTEM_TOOLS)}" in TEST_SH.read_text()
+    for key in ("HELM_VERSION", "PROMETHEUS_MODULE_VERSION", "PROMETHEUS_OPERATOR_VERSION"):
+        assert f"${key}" in script and pinned_version(key).startswith("v")
     pinned = versions()
     for key in ("PULUMI_YAML_VERSION", "KUBERNETES_PROVIDER_MODULE_VERSION"):
         assert f"${key}" in script and pinned[key].startswith("v")
+
+
+def pinned_version(key: str) -> str:
+    return versions()[key]
 
 
 def test_pulumi_path_lists_the_cli_and_the_built_plugins(
