@@ -10,29 +10,31 @@ checked against pkobatch's code in test_kustomize.py, so the chart is too.
 
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_kustomize import (
+from deploy_render import (
+    CHART,
+    CI_VALUES,
     KUSTOMIZE,
     NAMESPACED_DEFAULT,
     SYSTEM_NAMESPACE,
-    names_a_setting,
+    Obj,
+    helm,
     rendered,
+    template,
     user_kustomization,
 )
+from test_kustomize import names_a_setting
 
 from pkobatch.api.crd import REGENERATE_COMMAND, render_crd_yaml
+from pkobatch.config import load_settings
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "pkobatch"
-CI_VALUES = CHART / "ci"
-Obj = dict[str, Any]
 HELM_LABELS = (
     "helm.sh/chart",
     "app.kubernetes.io/managed-by",
@@ -43,32 +45,6 @@ HELM_LABELS = (
 # does the same with the ConfigMap's hash suffix).
 HELM_ANNOTATIONS = ("checksum/job-template",)
 GENERATED_NAME = re.compile(r"^(pkobatch-job-template)-[a-z0-9]{10}$")
-
-
-def helm(helm_bin: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [str(helm_bin), *args], capture_output=True, text=True, timeout=120, check=False
-    )
-    if check:
-        assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stderr}"
-    return done
-
-
-def template(
-    helm_bin: Path,
-    values: Sequence[str] = (),
-    namespace: str = SYSTEM_NAMESPACE,
-    *,
-    crds: bool = True,
-    sets: Sequence[str] = (),
-) -> list[Obj]:
-    args = ["template", "pkobatch", str(CHART), "--namespace", namespace]
-    args.append("--include-crds" if crds else "--skip-crds")
-    for name in values:
-        args += ["--values", str(CI_VALUES / f"{name}-values.yaml")]
-    for assignment in sets:
-        args += ["--set", assignment]
-    return [o for o in yaml.safe_load_all(helm(helm_bin, *args).stdout) if o]
 
 
 def _generated(name: str) -> str:
@@ -258,8 +234,6 @@ def controller_env(objects: Iterable[Obj]) -> dict[str, Obj]:
 def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     helm_bin: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pkobatch.config import load_settings
-
     sets = [
         "job.image=registry.example.com/runner:1",
         "job.imagePullPolicy=Always",
@@ -281,7 +255,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     env = controller_env(template(helm_bin, sets=sets))
     names = [name for name in env if name.startswith("PKOBATCH_")]
     assert [name for name in names if not names_a_setting(name)] == []
-    for name in [n for n in __import__("os").environ if n.startswith("PKOBATCH_")]:
+    for name in [n for n in os.environ if n.startswith("PKOBATCH_")]:
         monkeypatch.delenv(name)
     for name, entry in env.items():
         monkeypatch.setenv(name, entry.get("value", SYSTEM_NAMESPACE))

