@@ -2,8 +2,9 @@
 alerts written for PKO work as-is, plus ``pkobatch_*`` domain metrics (docs/operations.md).
 
 The controller label is PKO's ``stack-controller``. PKO's gauges keep PKO's names and labels:
-``stacks_active``, ``stacks_failing{namespace,name}`` (1 when ``lastUpdate.state`` is failed)
-and ``stacks_reconciling{namespace,name}`` (1 while the Reconciling condition is True).
+``stacks_active``, ``programs_active``, ``stacks_failing{namespace,name}`` (1 when
+``lastUpdate.state`` is failed) and ``stacks_reconciling{namespace,name}`` (1 while the
+Reconciling condition is True).
 
 Per-Stack series and the Job counts are computed from the stores at scrape time by a custom
 collector, so deleted Stacks never leave stale series and nothing has to keep the numbers up
@@ -383,7 +384,10 @@ class _StoreCollector:
             failures.add_metric(key, float(last_update.get("failures") or 0))
         active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
         active_stacks.add_metric([], float(len(stacks)))
-        yield from (active_stacks, failing, reconciling, info, stalled, drifted, failures)
+        active_programs = GaugeMetricFamily("programs_active", "Number of Programs (PKO's gauge)")
+        active_programs.add_metric([], float(len(self._stores.programs.list_objects())))
+        yield from (active_stacks, active_programs, failing, reconciling, info)
+        yield from (stalled, drifted, failures)
         active = GaugeMetricFamily(
             "pkobatch_jobs_active", "pkobatch Jobs that have not finished (Complete or Failed)"
         )

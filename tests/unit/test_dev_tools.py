@@ -43,15 +43,15 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
     assert default is not None and default.group(1).split() == list(COMPONENTS)
     # The test command builds the ecosystem tools; the default (bootstrap, demo) does not.
     assert f"bash scripts/tools.sh {' '.join(ECOSYSTEM_TOOLS)}" in TEST_SH.read_text()
-    for key in ("HELM_VERSION", "PROMETHEUS_MODULE_VERSION", "PROMETHEUS_OPERATOR_VERSION"):
-        assert f"${key}" in script and pinned_version(key).startswith("v")
     pinned = versions()
-    for key in ("PULUMI_YAML_VERSION", "KUBERNETES_PROVIDER_MODULE_VERSION"):
+    for key in (
+        "PULUMI_YAML_VERSION",
+        "KUBERNETES_PROVIDER_MODULE_VERSION",
+        "HELM_VERSION",
+        "PROMETHEUS_MODULE_VERSION",
+        "PROMETHEUS_OPERATOR_VERSION",
+    ):
         assert f"${key}" in script and pinned[key].startswith("v")
-
-
-def pinned_version(key: str) -> str:
-    return versions()[key]
 
 
 def test_pulumi_path_lists_the_cli_and_the_built_plugins(

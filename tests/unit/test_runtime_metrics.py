@@ -70,7 +70,7 @@ def test_pko_gauges_and_per_stack_health_follow_the_stores() -> None:
     """PKO's stacks_active/stacks_failing/stacks_reconciling with PKO's labels, and the
     per-Stack gauges the alerts read (Stalled with its reason, Drifted, failures in a row)."""
     metrics = Metrics()
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store())
+    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
     metrics.track_stores(stores)
     failing_status = {
         "lastUpdate": {"state": "failed", "failures": 3},
@@ -96,6 +96,14 @@ def test_pko_gauges_and_per_stack_health_follow_the_stores() -> None:
     busy = {"namespace": "team-b", "name": "busy"}
     new = {"namespace": "team-b", "name": "new"}
     assert value("stacks_active") == 3.0
+    assert value("programs_active") == 0.0
+    stores.programs.upsert(
+        {
+            "kind": "Program",
+            "metadata": {"name": "p", "namespace": "team-a", "resourceVersion": "1"},
+        }
+    )
+    assert value("programs_active") == 1.0
     assert [value("stacks_failing", k) for k in (broken, busy, new)] == [1.0, 0.0, 0.0]
     assert [value("stacks_reconciling", k) for k in (broken, busy, new)] == [0.0, 1.0, 0.0]
     assert value("pkobatch_stack_stalled", {**broken, "reason": "UpdateFailed"}) == 1.0
