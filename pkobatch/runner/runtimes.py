@@ -217,6 +217,10 @@ def pulumi_home(env: Mapping[str, str], cache_dir_configured: bool, cache_dir: P
     return None
 
 
-# `pulumi install`: the language host installs the project's dependencies, then the plugins
-# the program declares (plugins already on PATH or in the plugin cache are not fetched).
-INSTALL_ARGS: Final = ("install", "--non-interactive")
+# `pulumi install`: the language host installs the project's dependencies (and the CLI the
+# SDKs of Pulumi.yaml's `packages`). Not the plugins: for a package without a version (YAML
+# resources name none) `pulumi install` asks GitHub for the latest release even when the
+# plugin is on PATH, and fails without internet access. The operation itself loads plugins
+# from beside `pulumi`, PATH or the plugin cache and downloads only missing ones (unless
+# PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION is set), into $PULUMI_HOME/plugins.
+INSTALL_ARGS: Final = ("install", "--no-plugins", "--non-interactive")
