@@ -82,7 +82,7 @@ YAML"), ``count``, ``greetings`` (["<greeting> 1", "<greeting> 2"]) and the secr
 
 ``k8s-yaml`` and ``k8s-python``: the same Kubernetes objects through the Kubernetes provider
 (YAML; Python with ``pulumi_kubernetes`` from its requirements.txt). Config ``namespace``
-(required), ``app`` (default "pkobatch-test-app"), ``message`` (default "hello"). They create
+(required), ``app`` (default "guestbook"), ``message`` (default "hello"). They create
 ConfigMap ``<app>-settings`` (data ``message``) and Deployment ``<app>`` (skipAwait: no
 Deployment controller runs here), both labelled ``app.kubernetes.io/name: <app>`` and
 ``pkobatch.io/test-program: <program>``. Outputs ``configMap``, ``deployment``, ``message``.

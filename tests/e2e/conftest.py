@@ -19,6 +19,8 @@ The real controller (tests/controller_harness.py):
 ServiceAccount (the runner role bound in the namespace); stopped after the test.
 ``secrets`` -> the Secrets ``stack_spec`` names, as created: ``git`` (``username``,
 ``password``: the git server's) and ``pulumi`` (``passphrase``, and ``token``: a sentinel).
+``cli(*args)`` -> click ``Result``: a ``pkobatch`` user command against the test's cluster and
+namespace (``--timeout 5m``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from controller_harness import ControllerProcess, bind_runner, install_controller_rbac
 from pulumi import automation as auto
 from sentinels import plant
 
+from pkobatch.cli.reference import user_group
 from pkobatch.kube.client import SECRETS, Kube
 
 JSON = dict[str, Any]
@@ -132,3 +136,14 @@ def secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> JSO
             namespace,
         )
     return values
+
+
+@pytest.fixture
+def cli(cluster: Any, namespace: str) -> Callable[..., Result]:
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(
+            user_group(),
+            [*args, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "--timeout", "5m"],
+        )
+
+    return run

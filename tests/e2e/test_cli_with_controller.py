@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from pkobatch.cli.reference import user_group
 from pkobatch.dev import processes
 from pkobatch.kube.client import CLUSTERROLES, JOBS, ROLEBINDINGS, SECRETS, STACKS, Kube
 
@@ -62,18 +61,6 @@ def controller(
         yield process
     finally:
         processes.stop(process, grace=10)
-
-
-@pytest.fixture
-def cli(cluster: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-
-    def run(*args: str) -> Result:
-        return CliRunner().invoke(
-            user_group(),
-            [*args, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "--timeout", "5m"],
-        )
-
-    return run
 
 
 @pytest.fixture

@@ -21,21 +21,16 @@ from controller_harness import (
     apply_stack,
     bind_runner,
     condition,
-    ready,
-    wait_stack,
-)
-from test_controller_runs import (  # the e2e tier's Stack and Secrets
-    controller_rbac,
     last_update,
-    secrets,
+    ready,
     stack_jobs,
     stack_spec,
+    wait_stack,
 )
 
 from pkobatch.kube.client import Kube
 
 pytestmark = pytest.mark.e2e
-__all__ = ["controller_rbac", "secrets"]  # fixtures used by name
 
 
 def start_controller(cluster: Any, namespace: str, work_dir: Path, **env: str) -> ControllerProcess:

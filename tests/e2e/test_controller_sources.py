@@ -20,21 +20,16 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
-    ready,
-    wait_stack,
-)
-from test_controller_runs import (  # the e2e tier's Stack and Secrets
-    controller_rbac,
     last_update,
     literal,
-    secrets,
+    ready,
     stack_spec,
+    wait_stack,
 )
 
 from pkobatch.kube.client import CONFIGMAPS, EVENTS, JOBS, PODS, SECRETS, STACKS, Kube
 
 pytestmark = pytest.mark.e2e
-__all__ = ["controller_rbac", "secrets"]  # fixtures used by name
 JSON = dict[str, Any]
 
 

@@ -242,3 +242,28 @@ def test_5000_outputs_give_a_bounded_truncated_result(
     assert len(result.to_json().encode()) <= MAX_RESULT_BYTES
     assert len(result.outputs) == MAX_RESULT_OUTPUTS
     assert "of 5004 outputs" in result.message
+
+
+def test_yaml_and_python_programs_run_without_a_cluster(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any, yaml_host: Path
+) -> None:
+    secret = ["--secret", f"git/password={git_server.password}"]
+    yaml_program = runs.manifest(
+        git_repo("yaml").http_url, **basic_auth(git_server), config={"greeting": "hi"}
+    )
+    python_program = runs.manifest(git_repo("files").http_url, **basic_auth(git_server))
+
+    yaml_result, _, yaml_code = runs.run(yaml_program, *secret)
+    python_result, _, python_code = runs.run(python_program, *secret)
+
+    assert (yaml_code, yaml_result.reason) == (0, "Succeeded"), yaml_result.message
+    assert yaml_result.project_info is not None and yaml_result.project_info.runtime == "yaml"
+    assert yaml_result.outputs == {
+        "message": "hi from YAML",
+        "count": 2,
+        "greetings": ["hi 1", "hi 2"],
+        "token": "[secret]",
+    }
+    assert yaml_result.secret_outputs == ["token"]
+    assert (python_code, python_result.reason) == (0, "Succeeded"), python_result.message
+    assert python_result.changes == {"create": 3}
