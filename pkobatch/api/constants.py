@@ -31,6 +31,8 @@ RESULT_LABEL: Final = f"{PREFIX}/result"
 OPERATION_REQUEST_ANNOTATION: Final = f"{PREFIX}/operation-request"
 ABANDON_ANNOTATION: Final = f"{PREFIX}/abandon"
 JOB_STACK_UID_ANNOTATION: Final = f"{PREFIX}/stack-uid"
+# On every Job: the run it was created for (operation, generation, commit, ...), as JSON.
+RUN_ANNOTATION: Final = f"{PREFIX}/run"
 # The full Stack name on Jobs and result ConfigMaps (the stack label is hashed when > 63 chars).
 STACK_NAME_ANNOTATION: Final = f"{PREFIX}/stack-name"
 

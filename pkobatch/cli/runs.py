@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from pkobatch.api.constants import OPERATION_LABEL, RESULT_KEY
+from pkobatch.api.constants import OPERATION_LABEL, RESULT_KEY, RUN_ANNOTATION
 from pkobatch.api.run import RunResult
 from pkobatch.cli.views import RUNNING, parse_time
 
@@ -117,7 +117,7 @@ def _record_from_job(name: str, job: Mapping[str, Any]) -> RunRecord:
         state=state,
         reason=reason,
         message=message,
-        commit=str(job_snapshot(job).get("commit") or ""),
+        commit=job_commit(job),
         created=parse_time(metadata.get("creationTimestamp")),
         started=parse_time(status.get("startTime")),
         finished=parse_time(status.get("completionTime"))
@@ -143,6 +143,20 @@ def job_snapshot(job: Mapping[str, Any]) -> dict[str, Any]:
                     return {}
                 return decoded if isinstance(decoded, dict) else {}
     return {}
+
+
+def job_commit(job: Mapping[str, Any]) -> str:
+    """The commit a Job ran: from its snapshot argument, else from its run annotation (a
+    large snapshot travels in ConfigMaps, which the Job only names)."""
+    commit = job_snapshot(job).get("commit")
+    if not commit:
+        text = ((job.get("metadata") or {}).get("annotations") or {}).get(RUN_ANNOTATION)
+        try:
+            run = json.loads(text) if text else {}
+        except ValueError:
+            run = {}
+        commit = run.get("commit") if isinstance(run, dict) else None
+    return str(commit or "")
 
 
 def build_runs(

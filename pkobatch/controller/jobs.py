@@ -69,6 +69,7 @@ from pkobatch.api.constants import (
     MAX_LABEL_VALUE_LENGTH,
     OPERATION_LABEL,
     PREFIX,
+    RUN_ANNOTATION,
     STACK_LABEL,
     STACK_NAME_ANNOTATION,
     Operation,
@@ -98,7 +99,6 @@ from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
 
 JSON = dict[str, Any]
-RUN_ANNOTATION: Final = f"{PREFIX}/run"
 CONTAINER_NAME: Final = "pulumi"
 TEMPLATE_RESOURCE: Final = "job_template.yaml"
 MAX_NAME_LENGTH: Final = 63

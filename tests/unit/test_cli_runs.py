@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pkobatch.api.run import RunResult, StackRef
-from pkobatch.cli.runs import build_runs, job_snapshot, read_result
+from pkobatch.cli.runs import build_runs, job_commit, job_snapshot, read_result
 
 
 def job(name: str, operation: str, created: str, **status: Any) -> dict[str, Any]:
@@ -142,3 +142,29 @@ def test_job_snapshot_reads_both_argument_spellings() -> None:
 
     assert job_snapshot(inline) == {"commit": "x"}
     assert job_snapshot({"spec": {}}) == {}
+
+
+def test_a_jobs_commit_comes_from_its_run_annotation_when_its_snapshot_is_in_configmaps() -> None:
+    job = {
+        "metadata": {"annotations": {"pkobatch.io/run": '{"commit": "abc", "operation": "up"}'}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "pulumi",
+                            "args": [
+                                "--snapshot-configmap",
+                                "ns/j-snapshot-0",
+                                "--snapshot-sha256",
+                                "d",
+                            ],
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    assert job_snapshot(job) == {}
+    assert job_commit(job) == "abc"
+    assert job_commit({"metadata": {"annotations": {"pkobatch.io/run": "{broken"}}}) == ""
