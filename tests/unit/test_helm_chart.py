@@ -205,13 +205,14 @@ def test_runner_namespaces_get_what_deploy_kustomize_runner_gives(
 
 
 def test_chart_crds_are_the_generated_ones() -> None:
-    """Helm installs crds/ as they are: the same files as the repository's crds/, which a
-    unit test keeps equal to what pkobatch generates."""
+    """Helm installs crds/ as they are: symbolic links to the repository's crds/ (which a
+    unit test keeps equal to what pkobatch generates); `helm package` copies their content."""
     generated = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
     del generated["kustomization.yaml"]
     charted = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
     assert charted == generated, (
-        "copy crds/*.yaml (not kustomization.yaml) to deploy/helm/pkobatch/crds/"
+        "deploy/helm/pkobatch/crds/ must link every CRD of crds/: "
+        "ln -s ../../../../crds/<file> deploy/helm/pkobatch/crds/"
     )
 
 
