@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/bootstrap.sh
-# helm, promtool and the Prometheus Operator's CRDs, for the tests of deploy/ (cached by version).
-bash scripts/tools.sh helm promtool prometheus_operator
+# helm, promtool and the Prometheus Operator's CRDs, for the tests of deploy/, and Flux's
+# source-controller, for the tests of spec.fluxSource (cached by version).
+bash scripts/tools.sh helm promtool prometheus_operator source_controller
 
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" >&2

@@ -8,9 +8,11 @@
 #   scripts/tools.sh          build etcd kubernetes pulumi yaml kubernetes_provider where missing
 #   scripts/tools.sh yaml kubernetes_provider
 #                             build only the named components (etcd kubernetes pulumi yaml
-#                             kubernetes_provider helm promtool prometheus_operator); helm,
-#                             promtool and prometheus_operator are built only when named: the
-#                             tests of deploy/ need them (scripts/test.sh asks), the demo not
+#                             kubernetes_provider helm promtool prometheus_operator
+#                             source_controller); helm, promtool, prometheus_operator
+#                             and source_controller are built only when named: the
+#                             tests of deploy/ and of fluxSource need them (scripts/test.sh
+#                             asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -249,10 +251,34 @@ build_prometheus_operator() {
   say "prometheus-operator CRDs $V: in $out/crds"
 }
 
+build_source_controller() {
+  local V=$SOURCE_CONTROLLER_VERSION out="$TOOLS/source_controller-$SOURCE_CONTROLLER_VERSION"
+  if [ -f "$out/.stamp" ]; then say "source-controller $V: cached in $out"; return; fi
+  local w src; w=$(mktemp -d); cd "$w"
+    step="source_controller: download"; say "source-controller $V: downloading module"
+    src=$(go mod download -json "github.com/fluxcd/source-controller@$V" \
+      | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+    cp -r "$src" "$w/source-controller"; chmod -R u+w "$w/source-controller"; cd "$w/source-controller"
+    # The nested ./api replace points into the module; use the published api module instead.
+    go mod edit -dropreplace=github.com/fluxcd/source-controller/api \
+      -replace="github.com/fluxcd/pkg/artifact=github.com/fluxcd/pkg/artifact@$SOURCE_CONTROLLER_ARTIFACT_PKG_VERSION"
+    step="source_controller: build"; say "source-controller $V: building (about 4 minutes on 2 cores)"
+    mkdir -p "$out.tmp/crd"
+    # -mod=mod resolves only what the binary imports (not `go mod tidy`: some of its test
+    # dependencies are not served by the proxy).
+    go build -mod=mod -trimpath -buildvcs=false -ldflags "-s -w" -o "$out.tmp/source-controller" .
+    # Its CRDs (GitRepository, OCIRepository, Bucket, HelmRepository, HelmChart, ...).
+    cp config/crd/bases/*.yaml "$out.tmp/crd/"
+  cd "$here"; rm -rf "$w"
+  step="source_controller: verify"; "$out.tmp/source-controller" --help >/dev/null 2>&1
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "source-controller $V: built in $out"
+}
+
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller)" >&2; exit 2; }
   "build_$t"
 done
 step=""

@@ -636,3 +636,17 @@ def github_app(git_server: GitServer, tmp_path_factory: pytest.TempPathFactory) 
     state = tmp_path_factory.mktemp("github-app")
     with github_app_server(git_server.root, state, _GitHandler, _GitHttpServer) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def flux_source_controller(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """``SourceController`` (tests/flux_source_controller.py): Flux's real source-controller
+    running against the local control plane, its CRDs installed, artifacts on loopback."""
+    from flux_source_controller import source_controller
+
+    directory = require_tools(("source_controller",)).bin_dir("source_controller")
+    state = tmp_path_factory.mktemp("source-controller")
+    with source_controller(cluster, directory, state) as running:
+        yield running

@@ -116,6 +116,17 @@ class ProgramSnapshot(_Model):
     project: str
 
 
+class FluxArtifact(_Model):
+    """``status.artifact`` of the Flux source a Stack names, as the controller observed it."""
+
+    kind: str
+    name: str
+    url: str
+    revision: str
+    # "<algorithm>:<hex>" (Flux's format); the runner refuses an artifact that differs.
+    digest: str = ""
+
+
 class RunSnapshot(_Model):
     schema_version: Literal["pkobatch.io/run-snapshot/v1"] = Field(
         default=SNAPSHOT_SCHEMA_VERSION, alias="schemaVersion"
@@ -146,6 +157,9 @@ class RunSnapshot(_Model):
     # spec.programRef: the Program to run (None when the Program was gone at Job creation:
     # only a destroy from the stack's state can then run).
     program: ProgramSnapshot | None = None
+    # spec.fluxSource: the artifact to download (None when the source had none at Job
+    # creation: only a destroy from the stack's state can then run).
+    flux: FluxArtifact | None = None
     # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
     result_config_map: str = Field(default="", alias="resultConfigMap")
 

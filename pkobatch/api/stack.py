@@ -914,6 +914,14 @@ def validate_stack_spec(spec: StackSpec, namespace: str | None = None) -> list[s
                     f"to the git URL, or remove spec.{name}"
                 )
 
+    if spec.flux_source is not None:
+        group, _, version = spec.flux_source.source_ref.api_version.rpartition("/")
+        if not group or not version:
+            problems.append(
+                f"spec.fluxSource.sourceRef.apiVersion {spec.flux_source.source_ref.api_version!r} "
+                "is not <group>/<version>: use e.g. source.toolkit.fluxcd.io/v1"
+            )
+
     if spec.git_auth is not None:
         methods = spec.git_auth.methods()
         if not methods:

@@ -86,6 +86,7 @@ from pkobatch.api.run import (
     SNAPSHOT_FLAG,
     SNAPSHOT_KEY,
     SNAPSHOT_SHA256_FLAG,
+    FluxArtifact,
     GitAuthEnv,
     ProgramSnapshot,
     ProjectInfo,
@@ -500,8 +501,9 @@ def build_snapshot(
     config_from_env: dict[str, ValueFromEnv],
     git_auth: GitAuthEnv | None,
     secrets_from_env: dict[str, str],
-    program: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> RunSnapshot:
+    """``source`` is the observed Program (spec.programRef) or Flux source (spec.fluxSource)."""
     meta = stack.get("metadata") or {}
     manifest = without_inline_secrets(spec.to_manifest())
     if run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
@@ -519,8 +521,25 @@ def build_snapshot(
         config_from_env=config_from_env,
         secrets_from_env=secrets_from_env,
         git_auth=git_auth,
-        program=program_snapshot(program) if program is not None else None,
+        program=program_snapshot(source)
+        if source is not None and spec.program_ref is not None
+        else None,
+        flux=flux_artifact(source) if source is not None and spec.flux_source is not None else None,
         result_config_map=name,
+    )
+
+
+def flux_artifact(source: Mapping[str, Any]) -> FluxArtifact | None:
+    """The artifact of an observed Flux source (None: it has none)."""
+    artifact = (source.get("status") or {}).get("artifact") or {}
+    if not artifact.get("url") or not artifact.get("revision"):
+        return None
+    return FluxArtifact(
+        kind=str(source.get("kind") or ""),
+        name=str((source.get("metadata") or {}).get("name") or ""),
+        url=str(artifact["url"]),
+        revision=str(artifact["revision"]),
+        digest=str(artifact.get("digest") or ""),
     )
 
 
@@ -566,11 +585,11 @@ def build_job(
     template: Mapping[str, Any],
     project_info: ProjectInfo | None = None,
     insecure_http_git_hosts: Sequence[str] = (),
-    program: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> JSON:
     """The Job alone (see ``build_run``), for callers that only look at it."""
     return build_run(
-        stack, spec, run, settings, template, project_info, insecure_http_git_hosts, program
+        stack, spec, run, settings, template, project_info, insecure_http_git_hosts, source
     ).job
 
 
@@ -582,14 +601,15 @@ def build_run(
     template: Mapping[str, Any],
     project_info: ProjectInfo | None = None,
     insecure_http_git_hosts: Sequence[str] = (),
-    program: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> RunObjects:
     """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``), and its inputs.
 
     ``insecure_http_git_hosts`` are the hosts to which the operator lets git credentials
-    travel over plain ``http://`` (``Settings.insecure_http_git_hosts``). ``program`` is the
-    observed ``Program`` of a Stack with ``spec.programRef``; it is rendered into the
-    snapshot, so the run uses exactly that version.
+    travel over plain ``http://`` (``Settings.insecure_http_git_hosts``). ``source`` is the
+    observed ``Program`` of a Stack with ``spec.programRef`` (rendered into the snapshot, so
+    the run uses exactly that version) or its Flux source (whose artifact URL, revision and
+    digest go into the snapshot).
     """
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
@@ -609,7 +629,7 @@ def build_run(
         environment.config_from_env,
         environment.git_auth,
         environment.secrets_from_env,
-        program if spec.program_ref is not None else None,
+        source,
     )
     annotations = {JOB_STACK_UID_ANNOTATION: uid, RUN_ANNOTATION: run.to_annotation()}
     if labels[STACK_LABEL] != stack_name:

@@ -168,12 +168,24 @@ class Observer:
         )
 
     def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:
-        """The Program named in spec.programRef, from the store (None: no such field)."""
+        """The Program (spec.programRef) or Flux source (spec.fluxSource) the Stack names,
+        from the watches (None: the Stack names neither)."""
         reference = spec.get("programRef")
-        if not isinstance(reference, Mapping) or not reference.get("name"):
+        if isinstance(reference, Mapping) and reference.get("name"):
+            name = str(reference["name"])
+            return SourceObject("Program", name, self._stores.programs.get(namespace, name))
+        flux = spec.get("fluxSource")
+        ref = flux.get("sourceRef") if isinstance(flux, Mapping) else None
+        watches = self._stores.flux_sources
+        if not isinstance(ref, Mapping) or not ref.get("name") or watches is None:
             return None
-        name = str(reference["name"])
-        return SourceObject("Program", name, self._stores.programs.get(namespace, name))
+        api_version, kind, name = str(ref.get("apiVersion")), str(ref.get("kind")), str(ref["name"])
+        return SourceObject(
+            kind,
+            name,
+            watches.get(api_version, kind, namespace, name),
+            watched=watches.synced(api_version, kind),
+        )
 
     def _may_poll(self, stack: Mapping[str, Any]) -> bool:
         """Only a Stack that could run gets its branch polled (with its git credentials)."""

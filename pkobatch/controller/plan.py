@@ -79,7 +79,7 @@ from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
-from pkobatch.api.stack import Condition, SpecCheck, StackSpec, load_stack_spec
+from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
 from pkobatch.config import Settings
 from pkobatch.controller.fold import (
     POD_CREATION_GRACE,
@@ -158,6 +158,8 @@ class SourceObject:
     kind: str
     name: str
     obj: Mapping[str, Any] | None = None
+    # False while the watch of a Flux kind has not listed yet (obj None means nothing then).
+    watched: bool = True
 
 
 @dataclass(frozen=True)
@@ -586,7 +588,7 @@ class _Planner:
             self.template,
             project_info,
             insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
-            program=self.obs.source_object.obj if self.obs.source_object else None,
+            source=self.obs.source_object.obj if self.obs.source_object else None,
         )
 
     def _repair_inputs(self, job: Mapping[str, Any], run: Run) -> None:
@@ -822,6 +824,8 @@ class _Planner:
         generation, or None (unknown)."""
         if spec.program_ref is not None:
             return self._program_revision(spec.program_ref.name)
+        if spec.flux_source is not None:
+            return self._flux_revision(spec.flux_source)
         if not spec.project_repo:
             return None
         if spec.commit:
@@ -844,6 +848,36 @@ class _Planner:
                 "the Stack runs as soon as it is created"
             )
         return program_revision(program)
+
+    def _flux_revision(self, flux: FluxSource) -> str | _Waiting:
+        """A Flux source's artifact revision; wait (no failure) while it has no artifact."""
+        ref = flux.source_ref
+        what = f"{ref.kind} {ref.name}"
+        source = self.obs.source_object
+        if source is None or not source.watched:
+            return _Waiting(
+                f"waiting for the controller's watch of {ref.kind} ({ref.api_version}) to list "
+                "them (is Flux's CRD installed, and may the controller list it?)"
+            )
+        if source.obj is None:
+            return _Waiting(
+                f"{what} does not exist in namespace {self.namespace}; the Stack runs as soon "
+                "as it has an artifact"
+            )
+        status = source.obj.get("status") or {}
+        artifact = status.get("artifact") or {}
+        if not artifact.get("revision") or not artifact.get("url"):
+            ready = next(
+                (
+                    c
+                    for c in status.get("conditions") or []
+                    if isinstance(c, Mapping) and c.get("type") == CONDITION_READY
+                ),
+                {},
+            )
+            why = str(ready.get("message") or "no Ready condition yet")
+            return _Waiting(f"{what} has no artifact yet ({why}); the Stack runs once it has")
+        return str(artifact["revision"])
 
     def _held(self) -> bool:
         """After a requested destroy, nothing runs until the spec changes or `up` is asked."""

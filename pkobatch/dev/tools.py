@@ -24,6 +24,7 @@ Component = Literal[
     "helm",
     "promtool",
     "prometheus_operator",
+    "source_controller",
 ]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
@@ -34,8 +35,14 @@ COMPONENTS: Final[tuple[Component, ...]] = (
 )
 PULUMI_PLUGINS: Final[tuple[Component, ...]] = ("yaml", "kubernetes_provider")
 """Plugins the Pulumi CLI finds on ``PATH`` (a language host, a resource provider)."""
-ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = ("helm", "promtool", "prometheus_operator")
-"""Tools only the tests of ``deploy/`` need; ``scripts/test.sh`` builds them, the demo does not."""
+ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = (
+    "helm",
+    "promtool",
+    "prometheus_operator",
+    "source_controller",
+)
+"""Tools only some tests need (``deploy/``; Flux's source-controller for ``spec.fluxSource``);
+``scripts/test.sh`` builds them, the demo does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
@@ -45,6 +52,7 @@ _VERSION_KEYS: Final[dict[Component, str]] = {
     "helm": "HELM_VERSION",
     "promtool": "PROMETHEUS_MODULE_VERSION",
     "prometheus_operator": "PROMETHEUS_OPERATOR_VERSION",
+    "source_controller": "SOURCE_CONTROLLER_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -56,6 +64,8 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "promtool": ("promtool",),
     # Not a binary: the directory holds the operator's CRDs (crds/*.yaml).
     "prometheus_operator": (),
+    # Flux's source-controller; its CRDs are in crd/ next to it.
+    "source_controller": ("source-controller",),
 }
 
 
@@ -98,6 +108,7 @@ class Tools:
     helm: Path | None = None
     promtool: Path | None = None
     prometheus_operator: Path | None = None
+    source_controller: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

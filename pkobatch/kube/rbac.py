@@ -40,6 +40,16 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("pulumi.com", "programs", "list"),
     ("pulumi.com", "programs", "watch"),
     ("pulumi.com", "programs/status", "patch"),
+    # Flux sources named in spec.fluxSource: read-only (watched once a Stack names a kind).
+    ("source.toolkit.fluxcd.io", "gitrepositories", "get"),
+    ("source.toolkit.fluxcd.io", "gitrepositories", "list"),
+    ("source.toolkit.fluxcd.io", "gitrepositories", "watch"),
+    ("source.toolkit.fluxcd.io", "ocirepositories", "get"),
+    ("source.toolkit.fluxcd.io", "ocirepositories", "list"),
+    ("source.toolkit.fluxcd.io", "ocirepositories", "watch"),
+    ("source.toolkit.fluxcd.io", "buckets", "get"),
+    ("source.toolkit.fluxcd.io", "buckets", "list"),
+    ("source.toolkit.fluxcd.io", "buckets", "watch"),
     # One Job per run.
     ("batch", "jobs", "get"),
     ("batch", "jobs", "list"),

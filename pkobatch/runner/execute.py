@@ -41,6 +41,7 @@ from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo, RunResult, RunSnapshot
 from pkobatch.api.stack import StackSpec, load_stack_spec
 from pkobatch.runner import git
+from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
 from pkobatch.runner.log import RunLog, scrubbed_output
@@ -342,12 +343,8 @@ def _fetch_source(
         return load_project(directory)
     if kind == "program":
         return _program_source(run, spec, private)
-    if kind != "none":
-        raise RunFailure(
-            "InvalidSpec",
-            "spec.fluxSource is not supported by this runner: use spec.projectRepo, "
-            "spec.programRef or a program baked into the image",
-        )
+    if kind == "flux":
+        return _flux_source(run, spec, private)
     template = spec.workspace_template.spec if spec.workspace_template else None
     local_dir = template.local.dir if template and template.local else None
     if not local_dir:
@@ -374,6 +371,29 @@ def _program_source(run: _Run, spec: StackSpec, private: Path) -> Project:
     (directory / "Pulumi.yaml").write_text(program.project)
     run.commit = program.revision
     run.log.step(f"using Program {program.name} at generation {program.revision}")
+    return load_project(directory)
+
+
+def _flux_source(run: _Run, spec: StackSpec, private: Path) -> Project:
+    """The Flux source's artifact the controller observed: downloaded, verified, unpacked."""
+    artifact = run.snapshot.flux
+    assert spec.flux_source is not None
+    ref = spec.flux_source.source_ref
+    if artifact is None:
+        raise RunFailure(
+            "SourceUnavailable",
+            f"{ref.kind} {ref.name} had no artifact when this run was created",
+        )
+    run.log.step(f"downloading the artifact of {ref.kind} {ref.name} at {artifact.revision}")
+    unpacked = fetch_artifact(artifact, private, run.process_env)
+    run.commit = artifact.revision
+    directory = (unpacked / (spec.flux_source.dir or "")).resolve()
+    if not directory.is_relative_to(unpacked.resolve()) or not directory.is_dir():
+        raise RunFailure(
+            "SourceUnavailable",
+            f"spec.fluxSource.dir {spec.flux_source.dir!r} is not a directory of the artifact "
+            f"of {ref.kind} {ref.name} at {artifact.revision}",
+        )
     return load_project(directory)
 
 

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pkobatch.config import Settings
     from pkobatch.kube.client import Kube
     from pkobatch.runtime.metrics import Metrics
     from pkobatch.runtime.store import Store
+
+
+JSON = dict[str, Any]
 
 
 @dataclass(frozen=True, order=True)
@@ -66,6 +69,15 @@ class Enqueuer(Protocol):
         ...
 
 
+class FluxSources(Protocol):
+    """The Flux sources Stacks name, from watches started on first use
+    (``pkobatch.runtime.sources``)."""
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None: ...
+
+    def synced(self, api_version: str, kind: str) -> bool: ...
+
+
 @dataclass
 class Stores:
     """The watched objects: Stacks, the Jobs and ConfigMaps labelled managed-by pkobatch,
@@ -79,6 +91,8 @@ class Stores:
     jobs: Store
     configmaps: Store
     programs: Store
+    # None: Flux sources are not watched (a reconciler built without the runtime's Manager).
+    flux_sources: FluxSources | None = None
 
 
 ReconcilerFactory = Callable[["Kube", Stores, "Settings", "Metrics", Enqueuer], Reconciler]

@@ -33,6 +33,7 @@ from pkobatch.runtime.interfaces import ReconcilerFactory, Service, StackKey, St
 from pkobatch.runtime.leader import LeaderElector
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.reflector import Reflector
+from pkobatch.runtime.sources import FluxSourceWatches
 from pkobatch.runtime.store import Store, stack_name_of
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import WorkQueue
@@ -106,6 +107,15 @@ class Manager:
         )
         self.reflectors: list[Reflector] = []
         namespaces: list[str | None] = [*settings.namespaces] or [None]
+        self.flux_sources = FluxSourceWatches(
+            kube,
+            namespaces,
+            self.stores.stacks,
+            self.queue.add,
+            metrics=self.metrics,
+            read_timeout=read_timeout,
+        )
+        self.stores.flux_sources = self.flux_sources
         for namespace in namespaces:
             watched: list[tuple[Resource, Store, str, EventHandler]] = [
                 (STACKS, self.stores.stacks, settings.label_selector, self._stack_changed),
@@ -261,6 +271,7 @@ class Manager:
         if "reflectors" in started:
             for reflector in self.reflectors:
                 reflector.stop()
+        self.flux_sources.stop()
         renew_stop.set()
         if self.elector is not None:
             self.elector.release()
