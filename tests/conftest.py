@@ -119,7 +119,7 @@ from sentinels import Leak, planted, register, report, scan_objects
 from sentinels import sentinel_session as sentinel_session
 
 from pkobatch.dev import processes
-from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
+from pkobatch.dev.controlplane import ControlPlane, default_crds_dir, install_crds
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import (
     PULUMI_PLUGINS,
@@ -636,6 +636,15 @@ def github_app(git_server: GitServer, tmp_path_factory: pytest.TempPathFactory) 
     state = tmp_path_factory.mktemp("github-app")
     with github_app_server(git_server.root, state, _GitHandler, _GitHttpServer) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def flux_crds(cluster: Cluster) -> Path:
+    """Flux's source CRDs (GitRepository, OCIRepository, Bucket, ...) from the built
+    source-controller's module, installed; their directory."""
+    directory = require_tools(("source_controller",)).bin_dir("source_controller") / "crd"
+    install_crds(cluster.kube, directory, timeout=120)
+    return directory
 
 
 @pytest.fixture(scope="session")

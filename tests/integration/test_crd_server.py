@@ -150,8 +150,9 @@ def docs_manifests() -> list[tuple[str, JSON]]:
 
 
 def test_every_manifest_in_docs_passes_server_side_dry_run(
-    kube: Kube, cluster: Any, tmp_path: Path
+    kube: Kube, cluster: Any, tmp_path: Path, flux_crds: Path
 ) -> None:
+    """With the CRDs of crds/ and Flux's source CRDs (the examples of spec.fluxSource)."""
     manifests = docs_manifests()
     assert manifests, "docs/ has no manifests"
     # The manifests assume their namespaces exist, as in a real cluster.
