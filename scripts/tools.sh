@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
 # kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
-# the Kubernetes provider) from the Go module proxy into a cache directory keyed by name and
+# the Kubernetes provider, helm, promtool, the Prometheus Operator's CRDs, Argo CD's health
+# check for Stacks, kstatus) from the Go module proxy into a cache directory keyed by name and
 # version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
@@ -9,10 +10,9 @@
 #   scripts/tools.sh yaml kubernetes_provider
 #                             build only the named components (etcd kubernetes pulumi yaml
 #                             kubernetes_provider helm promtool prometheus_operator
-#                             source_controller); helm, promtool, prometheus_operator
-#                             and source_controller are built only when named: the
-#                             tests of deploy/ and of fluxSource need them (scripts/test.sh
-#                             asks), the demo not
+#                             source_controller argocd_health kstatus); the last six are
+#                             built only when named: the tests of deploy/, fluxSource and
+#                             GitOps health need them (scripts/test.sh asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -275,10 +275,63 @@ build_source_controller() {
   say "source-controller $V: built in $out"
 }
 
+build_argocd_health() {
+  local V=$ARGOCD_VERSION out="$TOOLS/argocd_health-$ARGOCD_VERSION"
+  if [ -f "$out/.stamp" ]; then say "Argo CD $V health checks: cached in $out"; return; fi
+  # Only files are needed (resource_customizations/pulumi.com/Stack: health.lua and Argo CD's
+  # own test cases), so nothing is built. `go mod download` fetches and verifies the module
+  # zip even when it reports that the module needs a newer Go than ours; take the files
+  # from that verified zip.
+  local w zip; w=$(mktemp -d); cd "$w"
+    step="argocd_health: download"; say "Argo CD $V: downloading module github.com/argoproj/argo-cd/v3"
+    zip=$( (go mod download -json "github.com/argoproj/argo-cd/v3@$V" || true) | python3 -c '
+import json, os, sys
+d = json.load(sys.stdin)
+if not os.path.isfile(d.get("Zip", "")) or not d.get("Sum"):
+    sys.exit("module not downloaded: " + d.get("Error", "no zip"))
+print(d["Zip"])')
+    step="argocd_health: extract"; mkdir -p "$out.tmp"
+    python3 - "$zip" "github.com/argoproj/argo-cd/v3@$V/resource_customizations/pulumi.com/Stack/" "$out.tmp" <<'PY'
+import pathlib, sys, zipfile
+archive, prefix, dest = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+with zipfile.ZipFile(archive) as z:
+    names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    for name in names:
+        target = dest / "pulumi.com" / "Stack" / name[len(prefix):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(z.read(name))
+if not (dest / "pulumi.com" / "Stack" / "health.lua").is_file():
+    sys.exit(f"no health.lua under {prefix} in {archive}")
+PY
+  cd "$here"; rm -rf "$w"
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "Argo CD $V health checks: in $out/pulumi.com/Stack"
+}
+
+build_kstatus() {
+  local V=$CLI_UTILS_VERSION out="$TOOLS/kstatus-$CLI_UTILS_VERSION"
+  if [ -f "$out/.stamp" ]; then say "kstatus (cli-utils $V): cached in $out"; return; fi
+  # A ten-line program around sigs.k8s.io/cli-utils/pkg/kstatus/status.Compute, the library
+  # Flux's healthChecks use: the source is scripts/kstatus/main.go.
+  local w; w=$(mktemp -d); cd "$w"
+    step="kstatus: resolve modules"; say "kstatus: resolving sigs.k8s.io/cli-utils@$V"
+    go mod init pkobatch-tools/kstatus >/dev/null 2>&1
+    cp "$here/scripts/kstatus/main.go" .
+    go get "sigs.k8s.io/cli-utils@$V"
+    go mod tidy
+    step="kstatus: build"; say "kstatus: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$out.tmp/kstatus" .
+  cd "$here"; rm -rf "$w"
+  step="kstatus: verify"; echo '[]' | "$out.tmp/kstatus" >/dev/null
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "kstatus (cli-utils $V): built in $out"
+}
+
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus)" >&2; exit 2; }
   "build_$t"
 done
 step=""

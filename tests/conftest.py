@@ -572,6 +572,12 @@ def kubernetes_provider(yaml_host: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def health_tools() -> Tools:
+    """Argo CD's health check for Stacks and the kstatus program (tests/health_checks.py)."""
+    return require_tools(("argocd_health", "kstatus"))
+
+
+@pytest.fixture(scope="session")
 def all_tools() -> Tools:
     """Every built component, for tests that start their own environment (``pkobatch dev``)."""
     return require_tools(("etcd", "kubernetes", "pulumi"))

@@ -25,6 +25,8 @@ Component = Literal[
     "promtool",
     "prometheus_operator",
     "source_controller",
+    "argocd_health",
+    "kstatus",
 ]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
@@ -40,9 +42,12 @@ ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = (
     "promtool",
     "prometheus_operator",
     "source_controller",
+    "argocd_health",
+    "kstatus",
 )
-"""Tools only some tests need (``deploy/``; Flux's source-controller for ``spec.fluxSource``);
-``scripts/test.sh`` builds them, the demo does not."""
+"""Tools only some tests need (``deploy/``; Flux's source-controller for ``spec.fluxSource``;
+Argo CD's health check and kstatus for GitOps health); ``scripts/test.sh`` builds them, the
+demo does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
@@ -53,6 +58,8 @@ _VERSION_KEYS: Final[dict[Component, str]] = {
     "promtool": "PROMETHEUS_MODULE_VERSION",
     "prometheus_operator": "PROMETHEUS_OPERATOR_VERSION",
     "source_controller": "SOURCE_CONTROLLER_VERSION",
+    "argocd_health": "ARGOCD_VERSION",
+    "kstatus": "CLI_UTILS_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -66,7 +73,12 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "prometheus_operator": (),
     # Flux's source-controller; its CRDs are in crd/ next to it.
     "source_controller": ("source-controller",),
+    # Argo CD's health checks are Lua files, not programs (see ARGOCD_STACK_HEALTH).
+    "argocd_health": (),
+    "kstatus": ("kstatus",),
 }
+ARGOCD_STACK_HEALTH: Final = Path("pulumi.com", "Stack", "health.lua")
+"""Argo CD's built-in health check for Stacks, inside the ``argocd_health`` directory."""
 
 
 class ToolsMissing(Exception):
@@ -109,6 +121,8 @@ class Tools:
     promtool: Path | None = None
     prometheus_operator: Path | None = None
     source_controller: Path | None = None
+    argocd_health: Path | None = None
+    kstatus: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

@@ -50,6 +50,8 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
         "HELM_VERSION",
         "PROMETHEUS_MODULE_VERSION",
         "PROMETHEUS_OPERATOR_VERSION",
+        "ARGOCD_VERSION",
+        "CLI_UTILS_VERSION",
     ):
         assert f"${key}" in script and pinned[key].startswith("v")
 
