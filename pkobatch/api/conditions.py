@@ -154,6 +154,7 @@ def mark_ready(
     *,
     now: datetime,
     observed_generation: int | None = None,
+    message: str = READY_MESSAGE,
 ) -> list[Condition]:
     """The last run succeeded and the stack is up to date."""
     result = set_condition(
@@ -161,7 +162,7 @@ def mark_ready(
         CONDITION_READY,
         "True",
         READY_COMPLETED_REASON,
-        READY_MESSAGE,
+        message,
         now=now,
         observed_generation=observed_generation,
     )

@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from pkobatch.api.conditions import (
+    READY_MESSAGE,
     find_condition,
     mark_ready,
     mark_reconciling,
@@ -381,8 +382,16 @@ class _Planner:
             self._event("Warning", event_reason or reason, message)
 
     def _ready(self) -> None:
+        # Argo CD and Flux show Ready's message as the Stack's health message: it must not
+        # say "up to date" while a drift check says otherwise.
+        drifted = find_condition(self.conditions, CONDITION_DRIFTED)
+        message = (
+            f"the last update succeeded, but {drifted.message}; see condition Drifted"
+            if drifted is not None and drifted.status == "True"
+            else READY_MESSAGE
+        )
         self.conditions = mark_ready(
-            self.conditions, now=self.now, observed_generation=self.generation
+            self.conditions, now=self.now, observed_generation=self.generation, message=message
         )
 
     def _observe_generation(self) -> None:
@@ -817,7 +826,21 @@ class _Planner:
             observed_generation=self.generation,
         )
         self.conditions = remove_condition(self.conditions, CONDITION_RECONCILING)
-        self.conditions = remove_condition(self.conditions, CONDITION_STALLED)
+        if ok:
+            self.conditions = remove_condition(self.conditions, CONDITION_STALLED)
+            return
+        # Not Ready and nothing in progress: without Stalled, kstatus (Flux's healthChecks)
+        # and Argo CD would read the Stack as in progress and wait for a run that never
+        # comes. Nothing happens until the user resumes it, which is what Stalled means.
+        self.conditions = set_condition(
+            self.conditions,
+            CONDITION_STALLED,
+            "True",
+            SUSPENDED_REASON,
+            message + "; resume it (spec.suspend: false) to run",
+            now=self.now,
+            observed_generation=self.generation,
+        )
 
     def _commit(self, spec: StackSpec) -> str | _SourceError | _Pending | _Waiting | None:
         """The revision to deploy: spec.commit, the polled branch head, the Program's

@@ -792,6 +792,36 @@ def test_suspended_stack_starts_nothing_but_folds_a_running_job() -> None:
     assert world.step().create_job is not None
 
 
+def test_suspended_stack_whose_last_run_failed_or_never_ran_is_stalled() -> None:
+    # Ready=False with neither Reconciling nor Stalled reads as Current in kstatus (Flux's
+    # healthChecks) and as Progressing for ever in Argo CD: nothing runs until resumed.
+    world = World({**GIT_SPEC, "suspend": True})
+    world.step()
+    stalled = world.condition("Stalled")
+    assert stalled is not None and stalled["reason"] == "Suspended"
+    assert "nothing has run yet" in stalled["message"]
+    assert "spec.suspend: false" in stalled["message"]
+    ready = world.condition("Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("False", "Suspended")
+    assert world.condition("Reconciling") is None
+
+    world.edit_spec(suspend=False)
+    world.step()
+    world.finish(state="failed", reason="ProgramError", message="boom")
+    world.edit_spec(suspend=True)
+    world.step()
+    stalled = world.condition("Stalled")
+    assert stalled is not None and "the last up failed" in stalled["message"]
+
+    world.edit_spec(suspend=False)
+    world.step()
+    world.finish()
+    world.edit_spec(suspend=True)
+    world.step()
+    assert world.condition("Stalled") is None
+    assert world.condition("Ready")["status"] == "True"
+
+
 def test_invalid_spec_is_stalled_with_one_event() -> None:
     world = World({"stack": "dev", "projectRepo": "https://git.example/x.git"})
     result = world.step()
@@ -1203,7 +1233,9 @@ def test_drift_check_without_remediation_only_reports() -> None:
     result = world.step()
     assert result.create_job is None
     assert world.condition("Drifted")["status"] == "True"
-    assert world.condition("Ready")["status"] == "True"
+    ready = world.condition("Ready")
+    # GitOps tools show Ready's message as the health message: it names the drift.
+    assert ready["status"] == "True" and "1 resource(s) drifted" in ready["message"]
 
 
 def test_no_drift_sets_drifted_false() -> None:
