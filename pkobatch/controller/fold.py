@@ -10,8 +10,13 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
   of an earlier Job of the same name would be older (a real result is never discarded);
 - the Job ended without a (valid) result: a failure whose reason comes from the Job's
   conditions — ``DeadlineExceeded`` for ``activeDeadlineSeconds``, ``Interrupted`` when the
-  pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain), otherwise
+  pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain) — or from
+  its pod's status (``pod_cause``: ``OOMKilled``, ``Evicted``, ``ImagePullFailed``,
+  ``ContainerConfigError``, ``Unschedulable``, in words that say what to change), otherwise
   ``JobFailed`` with the Job controller's message;
+- the Job's pod has not been able to start for ``POD_START_LIMIT`` (image pull errors, a
+  container that cannot be created, no node for it): that cause, and the Job is deleted
+  so the retry is not blocked — rather than an hour of waiting for the Job's deadline;
 - the Job vanished (deleted by someone, garbage-collected): ``Interrupted``;
 - the Job controller cannot create its pod (a missing ServiceAccount, a ResourceQuota, an
   admission webhook or policy): ``PodCreationFailed`` with the API server's words, taken
@@ -28,7 +33,7 @@ Stack failing on every commit still stalls; a success resets them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -111,6 +116,165 @@ def pod_creation_outcome(job: Mapping[str, Any], failure: str, now: datetime) ->
     )
 
 
+# How long a run's pod may stay unable to start (image pull errors, a container that cannot
+# be created, no node to schedule it on) before the run is failed with that cause, instead
+# of waiting for the Job's deadline (an hour by default) with nothing to show.
+POD_START_LIMIT: Final = timedelta(minutes=5)
+# The label the Job controller puts on its pods (Kubernetes 1.27+).
+JOB_CONTROLLER_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+# Waiting reasons the kubelet gives a container it cannot start.
+_IMAGE_PULL_REASONS: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+_CONTAINER_CONFIG_REASONS: Final = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+_RESOURCES_HINT: Final = "spec.workspaceTemplate.spec.resources (or the Job template's defaults)"
+
+
+@dataclass(frozen=True)
+class PodCause:
+    """Why a run's pod failed, or cannot start, for a reason outside the program."""
+
+    reason: str
+    message: str
+    # The pod cannot start (it waits); False: it ended.
+    waiting: bool
+
+
+def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    return [
+        *(status.get("initContainerStatuses") or ()),
+        *(status.get("containerStatuses") or ()),
+    ]
+
+
+def _memory_limit(pod: Mapping[str, Any], container: str) -> str:
+    spec = pod.get("spec") or {}
+    for item in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
+        if item.get("name") == container:
+            return str(((item.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
+def pod_cause(pod: Mapping[str, Any]) -> PodCause | None:
+    """What the kubelet and scheduler say about a run's pod, in words a user can act on;
+    None when the pod shows no cause outside the program (it ran and exited)."""
+    status = pod.get("status") or {}
+    if status.get("reason") == "Evicted":
+        return PodCause(
+            "Evicted",
+            f"the run's pod was evicted by its node ({status.get('message') or 'no message'}); "
+            f"give the run resource requests that match its use in {_RESOURCES_HINT} so the "
+            "node does not run short, or free the node; the run is retried",
+            waiting=False,
+        )
+    for container in _container_statuses(pod):
+        name = str(container.get("name") or "")
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated") or {}
+            if terminated.get("reason") == "OOMKilled":
+                limit = _memory_limit(pod, name)
+                within = f"its memory limit of {limit}" if limit else "the node's memory"
+                return PodCause(
+                    "OOMKilled",
+                    f"the run's container {name} ran out of memory and was killed (OOMKilled, "
+                    f"exit code {terminated.get('exitCode', 137)}): it needed more than "
+                    f"{within}; raise limits.memory in {_RESOURCES_HINT}",
+                    waiting=False,
+                )
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        detail = str(waiting.get("message") or "no message")
+        if reason in _IMAGE_PULL_REASONS:
+            return PodCause(
+                "ImagePullFailed",
+                f"the run's container {name} cannot start: its image {container.get('image')} "
+                f"cannot be pulled ({reason}: {detail}); check the image name and tag "
+                "(spec.workspaceTemplate.spec.image or the controller's runner image) and the "
+                "pod's imagePullSecrets",
+                waiting=True,
+            )
+        if reason in _CONTAINER_CONFIG_REASONS:
+            return PodCause(
+                "ContainerConfigError",
+                f"the run's container {name} cannot be created ({reason}: {detail}); create "
+                "the Secret or ConfigMap it names, or fix the reference in the Stack's "
+                "envRefs, secretsRef, env or envFrom",
+                waiting=True,
+            )
+    for condition in status.get("conditions") or ():
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return PodCause(
+                "Unschedulable",
+                f"no node can run the run's pod ({condition.get('message') or 'Unschedulable'}); "
+                f"lower its requests in {_RESOURCES_HINT}, fix its nodeSelector, affinity or "
+                "tolerations (spec.workspaceTemplate.spec.podTemplate or spec.jobTemplate), or "
+                "add capacity",
+                waiting=True,
+            )
+    return None
+
+
+def _newest(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The newest of a Job's pods (a Job of pkobatch has one, backoffLimit 0)."""
+    if not pods:
+        return None
+    return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")))
+
+
+def pod_status_matters(job: Mapping[str, Any], now: datetime) -> bool:
+    """Whether the Job's pods must be read to tell what happened to a run without a
+    result: it failed, or its pod has not become ready within ``POD_START_LIMIT``."""
+    if job_deleting(job):
+        return False
+    if _condition(job, "Failed") is not None:
+        return True
+    status = job.get("status") or {}
+    if job_finished(job) or status.get("ready") or not status.get("active"):
+        return False
+    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and now - created >= POD_START_LIMIT
+
+
+def pod_start_outcome(
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: datetime
+) -> Outcome | None:
+    """A failed outcome for a running Job whose pod has not been able to start for
+    ``POD_START_LIMIT``; None while it may still start."""
+    status = job.get("status") or {}
+    newest = _newest(pods)
+    if job_finished(job) or job_deleting(job) or status.get("ready") or newest is None:
+        return None
+    created = parse_time((newest.get("metadata") or {}).get("creationTimestamp"))
+    cause = pod_cause(newest)
+    if cause is None or not cause.waiting or created is None or now - created < POD_START_LIMIT:
+        return None
+    name = (job.get("metadata") or {}).get("name")
+    minutes = int(POD_START_LIMIT.total_seconds() // 60)
+    return Outcome(
+        "failed",
+        cause.reason,
+        bound_message(
+            f"run {name} could not start for {minutes} minutes: {cause.message}; the run is "
+            "retried with the normal backoff"
+        ),
+        now,
+    )
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How one run ended."""
@@ -176,10 +340,12 @@ def job_outcome(
     configmap: Mapping[str, Any] | None,
     stack_uid: str,
     now: datetime,
+    pods: Sequence[Mapping[str, Any]] = (),
 ) -> Outcome | None:
     """The outcome of a run: its result as soon as the runner wrote it (the runner writes
     it last, and the Job controller may mark the Job finished much later under load), else
-    what the finished Job says; None while it runs."""
+    what the finished Job and its pod (``pods``: the Job's pods, when it failed without a
+    result) say; None while it runs."""
     result, problem = read_result(configmap, job, stack_uid)
     complete = _condition(job, "Complete")
     failed = _condition(job, "Failed")
@@ -200,8 +366,18 @@ def job_outcome(
     if failed is not None:
         reason = str(failed.get("reason") or "")
         detail = str(failed.get("message") or "")
+        newest = _newest(pods)
+        cause = pod_cause(newest) if newest is not None else None
         if reason == JOB_REASON_DEADLINE:
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            if cause is not None and cause.waiting:
+                return Outcome(
+                    "failed",
+                    "DeadlineExceeded",
+                    f"run {name} reached its deadline of {deadline}s without starting: "
+                    f"{cause.message}{suffix}",
+                    finished_at,
+                )
             return Outcome(
                 "failed",
                 "DeadlineExceeded",
@@ -210,11 +386,19 @@ def job_outcome(
                 finished_at,
             )
         if reason == JOB_REASON_POD_FAILURE_POLICY and DISRUPTION_CONDITION in detail:
+            why = cause.message if cause is not None else detail
             return Outcome(
                 "failed",
                 "Interrupted",
-                f"run {name} was interrupted (eviction, preemption or node drain): {detail}; "
+                f"run {name} was interrupted (eviction, preemption or node drain): {why}; "
                 f"it will be retried{suffix}",
+                finished_at,
+            )
+        if cause is not None:
+            return Outcome(
+                "failed",
+                cause.reason,
+                f"run {name} failed: {cause.message}{suffix}",
                 finished_at,
             )
         return Outcome(

@@ -12,6 +12,11 @@ conclusion, so they are closed with a live ``get``:
 Only objects owned by this Stack's UID count: the Jobs of a deleted Stack that had the same
 name are not adopted by its successor.
 
+The current Job's pods are listed (by the Job controller's label, one small ``list``) only
+when their status is the only account of what happened: the Job failed without a result
+(OOMKilled, evicted, deadline), or its pod has not become ready for
+``fold.POD_START_LIMIT`` (image pull errors, unschedulable) — ``fold.pod_status_matters``.
+
 When the current Job still has no pod some seconds after its creation
 (``fold.job_without_pod``), the Job controller may be unable to create one. Its reason is
 only in a ``FailedCreate`` Event on the Job, so the observer lists those Events for that
@@ -33,7 +38,12 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.config import Settings
-from pkobatch.controller.fold import job_finished, job_without_pod
+from pkobatch.controller.fold import (
+    JOB_CONTROLLER_UID_LABEL,
+    job_finished,
+    job_without_pod,
+    pod_status_matters,
+)
 from pkobatch.controller.plan import Observed, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.kube.client import (
@@ -41,6 +51,7 @@ from pkobatch.kube.client import (
     CORE_EVENTS,
     JOBS,
     NAMESPACES,
+    PODS,
     Kube,
     KubeError,
     NotFound,
@@ -134,10 +145,13 @@ class Observer:
             if live_result is not None:
                 results[current] = live_result
         pod_creation_failures: dict[str, str] = {}
+        run_pods: dict[str, list[JSON]] = {}
         if job is not None and job_without_pod(job, now):
             failure = self._failed_create(job)
             if failure:
                 pod_creation_failures[current] = failure
+        if job is not None and current not in results and pod_status_matters(job, now):
+            run_pods[current] = self._pods_of(job)
 
         source = None
         polled = poll_key(key.namespace, spec) if self._may_poll(stack) else None
@@ -165,6 +179,7 @@ class Observer:
             prerequisites=prerequisites,
             namespace_terminating=self._namespace_terminating(stack),
             pod_creation_failures=pod_creation_failures,
+            run_pods=run_pods,
         )
 
     def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:
@@ -211,6 +226,20 @@ class Observer:
             return ""
         latest = max(events, key=_event_time)
         return str(latest.get("message") or latest.get("note") or "")
+
+    def _pods_of(self, job: Mapping[str, Any]) -> list[JSON]:
+        """The pods of ``job`` (by the Job controller's label), [] when they cannot be read."""
+        meta = job.get("metadata") or {}
+        try:
+            pods, _ = self._kube.list_objects(
+                PODS,
+                str(meta.get("namespace")),
+                label_selector=f"{JOB_CONTROLLER_UID_LABEL}={meta.get('uid')}",
+            )
+        except KubeError as exc:
+            log.warning("cannot list the pods of job %s: %s", meta.get("name"), exc)
+            return []
+        return pods
 
     def _get(self, resource: Resource, name: str, namespace: str) -> JSON | None:
         try:

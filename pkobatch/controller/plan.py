@@ -85,6 +85,7 @@ from pkobatch.config import Settings
 from pkobatch.controller.fold import (
     POD_CREATION_GRACE,
     POD_CREATION_RECHECK,
+    POD_START_LIMIT,
     Outcome,
     cancelled_outcome,
     folded_last_update,
@@ -96,6 +97,7 @@ from pkobatch.controller.fold import (
     job_without_pod,
     parse_time,
     pod_creation_outcome,
+    pod_start_outcome,
     same_commit,
     vanished_outcome,
 )
@@ -186,6 +188,9 @@ class Observed:
     # Job name -> why the Job controller cannot create its pod (its FailedCreate Event);
     # asked only for the current Job when it has no pod (see fold.job_without_pod).
     pod_creation_failures: Mapping[str, str] = field(default_factory=dict)
+    # Job name -> its pods; read only for the current Job when they alone can tell what
+    # happened (see fold.pod_status_matters).
+    run_pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -488,20 +493,29 @@ class _Planner:
 
     def _fold_job(self, job: Mapping[str, Any]) -> None:
         name = str(job["metadata"]["name"])
-        outcome = job_outcome(job, self.obs.results.get(name), self.uid, self.now)
-        if outcome is None and job_without_pod(job, self.now):
+        pods = self.obs.run_pods.get(name, ())
+        outcome = job_outcome(job, self.obs.results.get(name), self.uid, self.now, pods)
+        # A run whose pod cannot be created, or cannot start: its Job must go so the retry
+        # is not blocked by it.
+        stuck = None if outcome is not None else pod_start_outcome(job, pods, self.now)
+        if outcome is None and stuck is None and job_without_pod(job, self.now):
             failure = self.obs.pod_creation_failures.get(name)
             if not failure:
                 # Look for the Job controller's FailedCreate Event again in a while.
                 self._requeue_in(POD_CREATION_RECHECK)
                 return
-            outcome = pod_creation_outcome(job, failure, self.now)
-            # No pod exists; the Job must go so the retry is not blocked by it.
+            stuck = pod_creation_outcome(job, failure, self.now)
+        if stuck is not None:
             self.result.delete_jobs.append(JobDeletion(name, str(job["metadata"].get("uid") or "")))
+            outcome = stuck
         if outcome is None:
             created = parse_time(_creation(job))
-            if created is not None and not (job.get("status") or {}).get("active"):
+            status = job.get("status") or {}
+            if created is not None and not status.get("active"):
                 self._requeue_in(max(created + POD_CREATION_GRACE - self.now, timedelta(0)))
+            elif created is not None and not status.get("ready"):
+                # Look at its pod when it may have been unable to start for too long.
+                self._requeue_in(max(created + POD_START_LIMIT - self.now, POD_CREATION_RECHECK))
             return
         started = parse_time((job.get("status") or {}).get("startTime"))
         self._fold(self._run_of(name, job), name, outcome, started)

@@ -36,6 +36,9 @@ What it does like a kubelet:
   provided;
 - ``KUBECONFIG`` points at a private file holding a real token for the pod's
   ServiceAccount (TokenRequest, bound to the pod), so RBAC is enforced on the process;
+- a container's ``resources.limits.memory`` is enforced with a memory cgroup of its own
+  where the host lets the agent write one (``pkobatch.dev.memory_limit``; as root); a
+  container that goes over it ends with exit code 137 and reason ``OOMKilled``;
 - status goes through ``pods/status``: Running with a running container status, then
   Succeeded/Failed with the exit code, reason ``Completed``/``Error`` and, for
   ``terminationMessagePolicy: FallbackToLogsOnError``, the last lines of output as message;
@@ -83,6 +86,7 @@ from typing import Any, Final
 from pkobatch.dev import processes
 from pkobatch.dev.container_logs import ContainerLog, ContainerLogServer, KubeletTls
 from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
+from pkobatch.dev.memory_limit import MemoryCgroup, parse_quantity
 from pkobatch.dev.podenv import CreateContainerConfigError, expand, resolve_env
 from pkobatch.kube.client import (
     NODES,
@@ -451,32 +455,68 @@ class _PodWorker:
             message = f"cannot start {argv[0]}: no such executable on the pod's PATH"
             self._report_terminal(container, 128, message, started=None)
             return 128
+        cgroup = self._memory_cgroup(container)
         try:
             with self.log_path.open("ab") as log_file:
                 self.process = processes.spawn(
-                    self._in_reaper(argv), log=log_file, env=env, cwd=working_dir
+                    self._in_reaper(argv, cgroup), log=log_file, env=env, cwd=working_dir
                 )
             self.agent.record(
                 Launch(self.namespace, self.name, container["name"], tuple(argv), env["PATH"])
             )
         except OSError as exc:
+            if cgroup is not None:
+                cgroup.remove()
             self._report_terminal(container, 128, f"cannot start {argv[0]}: {exc}", started=None)
             return 128
         if main:
             self._report_running(container, started)
-        code = _exit_code(self._wait(self.process))
+        code = _exit_code(self._wait(self.process, cgroup))
+        out_of_memory = cgroup is not None and cgroup.oom_killed()
+        if cgroup is not None:
+            cgroup.remove()
+        if out_of_memory:
+            # As a kubelet reports a container its memory cgroup's OOM killer ended.
+            code = 137
         if main:
             policy = container.get("terminationMessagePolicy", "File")
             message = log_tail(self.log_path) if policy == "FallbackToLogsOnError" and code else ""
-            self._report_terminal(container, code, message, started=started)
+            reason = "OOMKilled" if out_of_memory else None
+            self._report_terminal(container, code, message, started=started, reason=reason)
         return code
 
-    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+    def _memory_cgroup(self, container: JSON) -> MemoryCgroup | None:
+        """The container's memory cgroup when it has a memory limit (None: no limit, or
+        cgroups cannot be written here, which is logged)."""
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if not limit:
+            return None
+        try:
+            limit_bytes = parse_quantity(str(limit))
+        except ValueError:
+            log.warning(
+                "node agent: %s/%s: memory limit %r unreadable", self.namespace, self.name, limit
+            )
+            return None
+        cgroup = MemoryCgroup.create(f"{self.uid}-{container['name']}", limit_bytes)
+        if cgroup is None:
+            log.warning(
+                "node agent: %s/%s: no writable memory cgroup; its memory limit %s is not enforced",
+                self.namespace,
+                self.name,
+                limit,
+            )
+        return cgroup
+
+    def _wait(self, process: subprocess.Popen[bytes], cgroup: MemoryCgroup | None = None) -> int:
         """Wait for the process to end; once the pod is deleted (or the agent stops) SIGTERM
         it and SIGKILL its group after the grace period, which a later, shorter deletion or
-        the agent's stop can cut short. The return code."""
+        the agent's stop can cut short; once its memory cgroup had an OOM kill, end it at
+        once, as the whole container ends. The return code."""
         terminated_at: float | None = None
         while process.poll() is None:
+            if cgroup is not None and cgroup.oom_killed():
+                break
             if self.cancelled.is_set():
                 if terminated_at is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -492,13 +532,15 @@ class _PodWorker:
         # SIGKILL what is left, all descendants included, as when a container ends.
         return processes.kill_tree(process)
 
-    def _in_reaper(self, argv: list[str]) -> list[str]:
+    def _in_reaper(self, argv: list[str], cgroup: MemoryCgroup | None = None) -> list[str]:
         """``argv`` under ``pkobatch.dev.reaper``: the container's whole process tree ends
-        with it, and its hostname is the pod's (``-E``: the pod's PYTHON* variables are for
-        the container, not for the reaper)."""
+        with it, its hostname is the pod's and it runs in the container's memory cgroup
+        (``-E``: the pod's PYTHON* variables are for the container, not for the reaper)."""
         spec = self.pod.get("spec") or {}
         hostname = str(spec.get("hostname") or self.name)[:63]
         reaper = [sys.executable, "-E", "-m", "pkobatch.dev.reaper", "--hostname", hostname]
+        if cgroup is not None:
+            reaper += ["--cgroup", str(cgroup.procs)]
         return [*reaper, "--", *argv]
 
     # -- status ---------------------------------------------------------------------------
@@ -630,11 +672,12 @@ class _PodWorker:
         *,
         started: str | None,
         init: bool = False,
+        reason: str | None = None,
     ) -> None:
         container = container or self.pod["spec"]["containers"][0]
         terminated: JSON = {
             "exitCode": code,
-            "reason": "Completed" if code == 0 else "Error",
+            "reason": reason or ("Completed" if code == 0 else "Error"),
             "finishedAt": _now(),
         }
         if started:

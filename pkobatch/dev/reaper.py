@@ -1,7 +1,11 @@
 """The first process of a node-agent container: what a container's PID namespace and cgroup
 give the kubelet, for a process that runs on the host.
 
-``python -m pkobatch.dev.reaper [--hostname NAME] -- COMMAND...`` runs COMMAND and:
+``python -m pkobatch.dev.reaper [--hostname NAME] [--cgroup PROCS_FILE] -- COMMAND...`` runs
+COMMAND and:
+
+- with ``--cgroup``, first joins the container's memory cgroup (its ``cgroup.procs`` file;
+  ``pkobatch.dev.memory_limit``), so COMMAND and everything it starts are limited;
 
 - is the container's *subreaper* (``PR_SET_CHILD_SUBREAPER``): every process COMMAND starts,
   however deep and even after ``setsid()`` (a process-group kill misses those — a Pulumi
@@ -68,7 +72,11 @@ def _parent_died(signum: int, frame: object) -> None:
     raise _ParentDied
 
 
-def run(command: list[str], hostname: str | None) -> int:
+def run(command: list[str], hostname: str | None, cgroup: str | None = None) -> int:
+    if cgroup:
+        # Join the container's memory cgroup (pkobatch.dev.memory_limit) before anything
+        # starts, so the command and all its descendants are limited.
+        Path(cgroup).write_text(str(os.getpid()))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     parent = os.getppid()
@@ -115,16 +123,23 @@ def run(command: list[str], hostname: str | None) -> int:
 
 def main(argv: list[str]) -> int:
     hostname: str | None = None
-    if argv[:1] == ["--hostname"]:
-        hostname, argv = argv[1], argv[2:]
+    cgroup: str | None = None
+    while argv[:1] in (["--hostname"], ["--cgroup"]) and len(argv) > 1:
+        if argv[0] == "--hostname":
+            hostname = argv[1]
+        else:
+            cgroup = argv[1]
+        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         print(
-            "usage: python -m pkobatch.dev.reaper [--hostname NAME] -- COMMAND...", file=sys.stderr
+            "usage: python -m pkobatch.dev.reaper [--hostname NAME] [--cgroup PROCS_FILE] "
+            "-- COMMAND...",
+            file=sys.stderr,
         )
         return 2
-    return run(argv, hostname)
+    return run(argv, hostname, cgroup)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,35 @@ def test_a_pod_that_cannot_be_created_fails_the_run_with_the_servers_words(
     assert any("missing" in e["note"] for e in failures)
 
 
+def test_a_run_killed_for_lack_of_memory_says_so_and_what_to_raise(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # The node agent enforces the container's memory limit as a kubelet does (a memory
+    # cgroup): the runner cannot even start in 24Mi, is OOM-killed and writes no result.
+    memory = {"memory": "24Mi"}
+    resources = {"requests": memory, "limits": memory}
+    spec = {"stack": "dev", "workspaceTemplate": {"spec": {"resources": resources}}}
+    apply_stack(kube, namespace, "small", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "small",
+        lambda s: last_update(s).get("state") == "failed",
+        timeout=120,
+        what="the run to be OOM-killed",
+    )
+    message = last_update(stack)["message"]
+    assert "ran out of memory and was killed (OOMKilled, exit code 137)" in message, message
+    assert "memory limit of 24Mi" in message and "limits.memory" in message
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert any(
+        e["regarding"]["name"] == "small"
+        and e["reason"] == "StackUpdateFailure"
+        and "OOMKilled" in e["note"]
+        for e in events
+    )
+
+
 def test_a_pod_refused_by_quota_admission_fails_the_run_with_the_servers_words(
     controller: ControllerProcess, kube: Kube, namespace: str
 ) -> None:

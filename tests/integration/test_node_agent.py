@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pkobatch.dev.memory_limit import MemoryCgroup
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
@@ -98,6 +99,32 @@ def test_failing_job_fails_with_exit_code_and_message(
     lines = terminated["message"].splitlines()
     assert lines[-1] == "line 99"
     assert len(lines) == 80
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(
+    kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    probe = MemoryCgroup.create(f"probe-{namespace}", 2**26)
+    if probe is None:
+        message = "the node agent cannot write a memory cgroup here (it needs root)"
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    probe.remove()
+    limits = {"resources": {"limits": {"memory": "64Mi"}}}
+    hungry = "chunks = [bytearray(16 * 2**20) for _ in range(32)]\nprint('survived')"
+    kube.create(JOBS, python_job("hungry", hungry, container=limits), namespace)
+    modest = "chunk = bytearray(8 * 2**20)\nprint('fits')"
+    kube.create(JOBS, python_job("modest", modest, container=limits), namespace)
+
+    kind, _, _ = wait_job(namespace, "hungry")
+    assert kind == "Failed"
+    (pod,) = job_pods(namespace, "hungry")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
+    assert "survived" not in terminated.get("message", "")
+    kind, _, _ = wait_job(namespace, "modest")
+    assert kind == "Complete"
 
 
 def test_deadline_exceeded_kills_the_process_group(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pkobatch.dev.memory_limit import parse_quantity
 from pkobatch.dev.tools import (
     COMPONENTS,
     ECOSYSTEM_TOOLS,
@@ -81,3 +82,25 @@ def test_a_component_without_its_binary_is_not_available(
     assert available_tools().kubernetes_provider is None
     with pytest.raises(ToolsMissing, match="lacks pulumi-resource-kubernetes"):
         find_tools(("kubernetes_provider",))
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        ("64Mi", 64 * 2**20),
+        ("1Gi", 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("500M", 500 * 10**6),
+        ("128974848", 128974848),
+        ("129e6", 129 * 10**6),
+        ("0.1Ki", 103),
+    ],
+)
+def test_memory_limits_are_read_as_the_kubelet_reads_them(quantity: str, expected: int) -> None:
+    assert parse_quantity(quantity) == expected
+
+
+@pytest.mark.parametrize("quantity", ["", "64MB", "Mi", "-1Mi", "1.2.3Gi"])
+def test_an_unreadable_memory_limit_is_refused(quantity: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(quantity)

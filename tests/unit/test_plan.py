@@ -24,6 +24,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
 from pkobatch.config import Settings
+from pkobatch.controller.fold import POD_START_LIMIT
 from pkobatch.controller.jobs import Run, builtin_template
 from pkobatch.controller.plan import Observed, Plan, SourceHead, SourceObject, plan
 
@@ -76,6 +77,7 @@ class World:
         self.slot_available = True
         self.namespace_terminating = False
         self.pod_creation_failures: dict[str, str] = {}
+        self.run_pods: dict[str, list[dict[str, Any]]] = {}
         self.counter = 0
 
     # -- observing and applying ------------------------------------------------------------
@@ -101,6 +103,7 @@ class World:
             namespace_terminating=self.namespace_terminating,
             slot_available=self.slot_available,
             pod_creation_failures=self.pod_creation_failures,
+            run_pods=self.run_pods,
         )
         return plan(observed, self.settings, builtin_template())
 
@@ -658,12 +661,54 @@ def test_a_job_whose_pod_exists_is_never_failed_for_pod_creation() -> None:
     world = World()
     world.step()
     name = world.current_job()
-    world.jobs[name]["status"]["active"] = 1
+    world.jobs[name]["status"].update(active=1, ready=1)
     world.pod_creation_failures = {name: "Error creating: quota exceeded (an earlier attempt)"}
     world.advance(600)
     result = world.step()
     assert "lastUpdate" not in world.status and not result.delete_jobs
     assert result.requeue_after is None
+
+
+def test_a_run_whose_pod_cannot_pull_its_image_fails_after_the_limit() -> None:
+    world = World()
+    world.step()
+    name = world.current_job()
+    world.jobs[name]["status"]["active"] = 1
+    world.advance(60)
+    # Not ready: the controller looks again when the pod may have been stuck long enough.
+    assert world.step().requeue_after == pytest.approx(POD_START_LIMIT.total_seconds() - 60, abs=5)
+    world.advance(POD_START_LIMIT.total_seconds())
+    world.run_pods = {
+        name: [
+            {
+                "metadata": {"name": f"{name}-abcde", "creationTimestamp": rfc3339(START)},
+                "spec": {"containers": [{"name": "pulumi", "image": "runner:nope"}]},
+                "status": {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": "pulumi",
+                            "image": "runner:nope",
+                            "state": {
+                                "waiting": {
+                                    "reason": "ImagePullBackOff",
+                                    "message": 'Back-off pulling image "runner:nope"',
+                                }
+                            },
+                        }
+                    ],
+                },
+            }
+        ]
+    }
+    result = world.step()
+    assert [d.name for d in result.delete_jobs] == [name]
+    update = world.status["lastUpdate"]
+    assert update["state"] == "failed" and "cannot be pulled (ImagePullBackOff" in update["message"]
+    warnings = [e for e in result.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["StackUpdateFailure"]
+    assert "runner:nope" in warnings[0].message
+    assert world.condition("Reconciling")["reason"] == "RetryingAfterFailure"
 
 
 def test_completed_job_without_result_is_a_failure() -> None:
