@@ -266,13 +266,17 @@ def test_a_pod_that_cannot_be_created_fails_the_run_with_the_servers_words(
         timeout=60,
         what="the pod-less Job to be deleted",
     )
-    events, _ = kube.list_objects(EVENTS, namespace)
-    failures = [
-        e
-        for e in events
-        if e["regarding"]["name"] == "nosa" and e["reason"] == "StackUpdateFailure"
-    ]
-    assert any("missing" in e["note"] for e in failures)
+    # Events are posted after the status is written.
+    wait_until(
+        lambda: any(
+            e["regarding"]["name"] == "nosa"
+            and e["reason"] == "StackUpdateFailure"
+            and "missing" in e["note"]
+            for e in kube.list_objects(EVENTS, namespace)[0]
+        ),
+        timeout=30,
+        what="the StackUpdateFailure Event",
+    )
 
 
 def test_a_run_killed_for_lack_of_memory_says_so_and_what_to_raise(
@@ -295,12 +299,15 @@ def test_a_run_killed_for_lack_of_memory_says_so_and_what_to_raise(
     message = last_update(stack)["message"]
     assert "ran out of memory and was killed (OOMKilled, exit code 137)" in message, message
     assert "memory limit of 24Mi" in message and "limits.memory" in message
-    events, _ = kube.list_objects(EVENTS, namespace)
-    assert any(
-        e["regarding"]["name"] == "small"
-        and e["reason"] == "StackUpdateFailure"
-        and "OOMKilled" in e["note"]
-        for e in events
+    wait_until(
+        lambda: any(
+            e["regarding"]["name"] == "small"
+            and e["reason"] == "StackUpdateFailure"
+            and "OOMKilled" in e["note"]
+            for e in kube.list_objects(EVENTS, namespace)[0]
+        ),
+        timeout=30,
+        what="the StackUpdateFailure Event",
     )
 
 
