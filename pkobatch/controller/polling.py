@@ -57,7 +57,7 @@ from pkobatch.api.messages import bound_message
 from pkobatch.controller.plan import SourceHead
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
 from pkobatch.runner.github_app import TOKEN_USERNAME as GITHUB_TOKEN_USERNAME
-from pkobatch.runner.github_app import GitHubAppError, installation_token
+from pkobatch.runner.github_app import GitHubAppError, TokenCache
 from pkobatch.runtime.interfaces import StackKey
 
 log = logging.getLogger(__name__)
@@ -281,6 +281,8 @@ class GitPoller:
         self._interval = interval
         self._enqueue = enqueue
         self._fetch = fetch
+        # GitHub App installation tokens, reused across polls while fresh.
+        self._github_tokens = TokenCache()
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[PollKey, _Entry] = {}
@@ -399,7 +401,12 @@ class GitPoller:
             creds = self._resolve(key.credentials, key.url)
             with self._lock:
                 self.calls += 1
-            commit = self._fetch(key.url, key.ref, creds, LS_REMOTE_TIMEOUT)
+            try:
+                commit = self._fetch(key.url, key.ref, creds, LS_REMOTE_TIMEOUT)
+            except PollError:
+                if creds is not None and key.credentials and key.credentials.method == "githubApp":
+                    self._github_tokens.discard(creds.password)
+                raise
             self._counter.labels("ok").inc()
         except PollError as exc:
             error = str(exc)
@@ -477,7 +484,7 @@ class GitPoller:
             )
         if creds.method == "githubApp":
             try:
-                token = installation_token(
+                token = self._github_tokens.token(
                     url,
                     value(creds.app_id, "GitHub App ID"),
                     value(creds.installation_id, "GitHub App installation ID"),

@@ -18,11 +18,15 @@ HTTP status, never a credential, and callers add the token to their redaction.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -37,6 +41,8 @@ JWT_LIFETIME_SECONDS: Final = 540
 CLOCK_SKEW_SECONDS: Final = 60
 EXCHANGE_TIMEOUT_SECONDS: Final = 30.0
 MAX_ERROR_CHARS: Final = 200
+# GitHub's installation tokens are valid for an hour; reuse one for well under that.
+TOKEN_REUSE_SECONDS: Final = 30 * 60
 
 
 class GitHubAppError(Exception):
@@ -136,6 +142,51 @@ def installation_token(
     if not isinstance(token, str) or not token:
         raise GitHubAppError("GitHub's answer to the token request has no token")
     return token
+
+
+@dataclass(frozen=True)
+class _Cached:
+    token: str = field(repr=False)
+    until: float
+
+
+class TokenCache:
+    """Installation tokens reused while they are fresh (the branch poller asks every
+    interval; GitHub's tokens live an hour). Keyed by repository host, app, installation
+    and a hash of the key, so a changed Secret gets a new token at once. In memory only."""
+
+    def __init__(
+        self,
+        reuse_seconds: float = TOKEN_REUSE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._reuse = reuse_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tokens: dict[tuple[str, str, str, str], _Cached] = {}
+
+    def token(self, repo_url: str, app_id: str, installation_id: str, private_key_pem: str) -> str:
+        key = (
+            api_url(repo_url),
+            app_id.strip(),
+            installation_id.strip(),
+            hashlib.sha256(private_key_pem.strip().encode()).hexdigest(),
+        )
+        now = self._clock()
+        with self._lock:
+            cached = self._tokens.get(key)
+            if cached is not None and now < cached.until:
+                return cached.token
+        fresh = installation_token(repo_url, app_id, installation_id, private_key_pem)
+        with self._lock:
+            self._tokens = {k: v for k, v in self._tokens.items() if now < v.until}
+            self._tokens[key] = _Cached(fresh, now + self._reuse)
+        return fresh
+
+    def discard(self, token: str) -> None:
+        """Forget ``token`` (git refused it: revoked, or the app lost access)."""
+        with self._lock:
+            self._tokens = {k: v for k, v in self._tokens.items() if v.token != token}
 
 
 def _github_message(error: urllib.error.HTTPError) -> str:

@@ -9,7 +9,14 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from pkobatch.runner.github_app import GitHubAppError, api_url, app_jwt, installation_token
+from pkobatch.runner import github_app
+from pkobatch.runner.github_app import (
+    GitHubAppError,
+    TokenCache,
+    api_url,
+    app_jwt,
+    installation_token,
+)
 
 
 def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> str:
@@ -80,3 +87,25 @@ def test_an_unreachable_api_names_it_and_nothing_secret() -> None:
     message = str(failure.value)
     assert "cannot reach GitHub's API at https://127.0.0.1:1/api/v3" in message
     assert "BEGIN" not in message and "eyJ" not in message
+
+
+def test_the_token_cache_reuses_a_fresh_token_and_forgets_a_refused_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    issued: list[str] = []
+
+    def exchange(repo: str, app_id: str, installation_id: str, key: str) -> str:
+        issued.append(f"token-{len(issued)}")
+        return issued[-1]
+
+    monkeypatch.setattr(github_app, "installation_token", exchange)
+    now = [0.0]
+    cache = TokenCache(reuse_seconds=100, clock=lambda: now[0])
+    url = "https://github.com/acme/platform"
+    assert cache.token(url, "1", "2", "key") == "token-0"
+    assert cache.token(url, "1", "2", "key") == "token-0"
+    assert cache.token(url, "1", "2", "other key") == "token-1"
+    now[0] = 101
+    assert cache.token(url, "1", "2", "key") == "token-2"
+    cache.discard("token-2")
+    assert cache.token(url, "1", "2", "key") == "token-3"
