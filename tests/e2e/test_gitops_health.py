@@ -14,16 +14,17 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import ControllerProcess, apply_stack, condition, ready, wait_stack
-from health_checks import ArgoCDHealth, KStatus, argocd_test_cases
-from test_controller_runs import (  # noqa: F401  (fixtures)
-    controller,
-    controller_rbac,
+from controller_harness import (
+    ControllerProcess,
+    apply_stack,
+    condition,
     last_update,
-    request,
-    secrets,
+    ready,
     stack_spec,
+    wait_stack,
 )
+from health_checks import ArgoCDHealth, KStatus, argocd_test_cases
+from test_controller_runs import request
 
 from pkobatch.api.constants import FINALIZER
 from pkobatch.dev.processes import wait_until
@@ -58,12 +59,12 @@ def test_argocd_script_runs_as_argocd_runs_it(health_tools: Tools) -> None:
 
 
 def test_every_state_reads_right_in_argocd_and_kstatus(
-    controller: ControllerProcess,  # noqa: F811
+    controller: ControllerProcess,
     kube: Kube,
     namespace: str,
     git_repo: Callable[..., Any],
     pulumi_env: Any,
-    secrets: JSON,  # noqa: F811
+    secrets: JSON,
     health_tools: Tools,
 ) -> None:
     taken: dict[str, JSON] = {}
