@@ -51,6 +51,11 @@ own environment with ``pkobatch dev``).
 ``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files
 (``scripts/tools.sh helm promtool prometheus_operator``).
 
+Module scope
+------------
+``fresh_cluster`` -> ``Cluster``: another control plane and node agent like ``cluster``, but
+without pkobatch's CRDs (for tests of installers such as ``helm install``).
+
 Function scope
 --------------
 ``kube``       the admin ``Kube`` (same object as ``cluster.kube``).
@@ -235,11 +240,24 @@ def cluster(
     processes.exit_on_termination_signals()
     state = tmp_path_factory.mktemp("cluster")
     with in_process_log(state / "in-process.log"):
-        yield from _cluster(state, tools, sentinel_session)
+        yield from _cluster(state, tools, sentinel_session, crds_dir=default_crds_dir())
 
 
-def _cluster(state: Path, tools: Tools, leaks: list[Leak]) -> Iterator[Cluster]:
-    control_plane = ControlPlane(state, tools, crds_dir=default_crds_dir())
+@pytest.fixture(scope="module")
+def fresh_cluster(
+    tmp_path_factory: pytest.TempPathFactory, sentinel_session: list[Leak]
+) -> Iterator[Cluster]:
+    """A second control plane of its own, without pkobatch's CRDs: for installers (helm)
+    that must start from an empty cluster. Stopped after the test module."""
+    require_tools(("etcd", "kubernetes"))
+    state = tmp_path_factory.mktemp("fresh-cluster")
+    yield from _cluster(state, available_tools(), sentinel_session, crds_dir=None)
+
+
+def _cluster(
+    state: Path, tools: Tools, leaks: list[Leak], *, crds_dir: Path | None = None
+) -> Iterator[Cluster]:
+    control_plane = ControlPlane(state, tools, crds_dir=crds_dir)
     control_plane.start()
     kube = control_plane.admin()
     pulumi_path = tools.pulumi_path()

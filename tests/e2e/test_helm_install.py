@@ -1,0 +1,334 @@
+"""The Helm chart on a fresh local control plane, with the real ``helm``: install, a Stack to
+Ready, every metric the alerts and the dashboard name exported, upgrade with a run in
+flight, uninstall.
+
+The chart's Deployment cannot start a pod here (there is no container runtime, and no
+ReplicaSet controller), so the test runs what that pod would run, taken from the release's
+manifest (``helm get manifest``): the container's command (``pkobatch controller``) and its
+environment exactly as rendered (``fieldRef`` metadata.namespace resolved to the release
+namespace), with the credentials of the chart's ServiceAccount (a real TokenRequest token
+in a kubeconfig instead of the mounted token), so the chart's RBAC, leader election Role and
+admission policy are what the controller meets. Settings a pod on a real node would not
+need are passed as chart values, so they are in the rendered environment too: the runner
+command of the local node agent (``PKOBATCH_JOB__COMMAND``), the loopback git host, short
+retry and polling intervals, and free ports for metrics and health.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controller_harness import (
+    INSECURE_HTTP_GIT_HOSTS,
+    LOOPBACK_GIT_HOST,
+    apply_stack,
+    free_port,
+    last_update,
+    ready,
+    stack_jobs,
+    stack_spec,
+    wait_stack,
+)
+from deploy_render import CHART, KUSTOMIZE, helm
+from promql_names import metric_names
+
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import (
+    CLUSTERROLES,
+    CRDS,
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACES,
+    PODS,
+    SECRETS,
+    STACKS,
+    Kube,
+)
+
+pytestmark = pytest.mark.e2e
+JSON = dict[str, Any]
+RELEASE = "pkobatch"
+RELEASE_NAMESPACE = "pkobatch-system"
+TENANT = "team-a"
+# Series Prometheus makes itself (not the controller): the scrape's own health.
+PROMETHEUS_SERIES = {"up"}
+
+
+class ChartController:
+    """The process the chart's controller pod would run, from the release's manifest."""
+
+    def __init__(self, cluster: Any, helm_bin: Path, work_dir: Path) -> None:
+        self.cluster = cluster
+        self.helm_bin = helm_bin
+        self.work_dir = work_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.metrics_port = 0
+
+    def manifest(self) -> list[JSON]:
+        done = helm_on(self.cluster, self.helm_bin, "get", "manifest", RELEASE)
+        return [o for o in yaml.safe_load_all(done.stdout) if o]
+
+    def deployment(self) -> JSON:
+        return next(o for o in self.manifest() if o["kind"] == "Deployment")
+
+    def start(self) -> None:
+        deployment = self.deployment()
+        pod = deployment["spec"]["template"]["spec"]
+        container = next(c for c in pod["containers"] if c["name"] == "controller")
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith("PKOBATCH_") and name != "KUBECONFIG"
+        }
+        for entry in container["env"]:
+            if "value" in entry:
+                env[entry["name"]] = entry["value"]
+            else:
+                assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+                env[entry["name"]] = deployment["metadata"]["namespace"]
+        self.metrics_port = int(env["PKOBATCH_METRICS_ADDR"].rpartition(":")[2])
+        # In a pod the client reads the ServiceAccount's mounted token; here the same
+        # ServiceAccount's token comes in a kubeconfig.
+        env["KUBECONFIG"] = str(
+            self.cluster.service_account_kubeconfig(
+                RELEASE_NAMESPACE,
+                pod["serviceAccountName"],
+                self.work_dir / f"controller-{self.starts}.kubeconfig",
+            )
+        )
+        command = [str(Path(sys.executable).parent / container["command"][0])]
+        command += container["command"][1:] + container.get("args", [])
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.work_dir / f"controller-{self.starts}.log"
+        self.starts += 1
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.log_path = log_path
+        wait_until(self._leading, timeout=120, what="the chart's controller to lead")
+
+    def scrape(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def _leading(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the controller exited:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            text = self.scrape()
+        except OSError:
+            return False
+        return 'leader_election_master_status{name="pkobatch-controller"} 1.0' in text
+
+    def stop(self) -> None:
+        """SIGTERM, as the kubelet does when a rollout or an uninstall removes the pod."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+
+def helm_on(cluster: Any, helm_bin: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return helm(
+        helm_bin,
+        *args,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        env={**os.environ, "HELM_CACHE_HOME": str(cluster.state_dir / "helm-cache")},
+    )
+
+
+def create_secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> None:
+    """The Secrets stack_spec names: git credentials and the Pulumi passphrase."""
+    values = {
+        "git": {"username": git_server.username, "password": git_server.password},
+        "pulumi": {"passphrase": pulumi_env.passphrase, "token": "a-token"},
+    }
+    for name, data in values.items():
+        kube.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            },
+            namespace,
+        )
+
+
+def monitored_metrics() -> set[str]:
+    """Every metric the PrometheusRule's alerts and the Grafana dashboard query."""
+    monitoring = KUSTOMIZE / "components" / "monitoring"
+    rule = yaml.safe_load((monitoring / "prometheusrule.yaml").read_text())
+    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    dashboard = yaml.safe_load((monitoring / "pkobatch-dashboard.json").read_text())
+    exprs += [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    return set().union(*(metric_names(expr) for expr in exprs))
+
+
+def exported_series(text: str) -> set[str]:
+    """Names of the series with at least one sample in an exposition."""
+    return {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+@pytest.fixture
+def chart_controller(
+    fresh_cluster: Any, helm_bin: Path, tmp_path: Path
+) -> Iterator[ChartController]:
+    controller = ChartController(fresh_cluster, helm_bin, tmp_path / "controller")
+    yield controller
+    controller.stop()
+
+
+def install_values(*, log_level: str = "info", metrics_port: int, health_port: int) -> list[str]:
+    """The chart values of this test: the tenant namespace, and what a run on the local node
+    agent needs (see the module docstring)."""
+    settings = {
+        "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+        INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
+        "PKOBATCH_RETRY__BASE": "1s",
+        "PKOBATCH_POLL_INTERVAL": "2s",
+        "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "20s",
+    }
+    args = [
+        "--set",
+        f"runner.namespaces={{{TENANT}}}",
+        "--set",
+        f"metrics.port={metrics_port}",
+        "--set",
+        f"health.port={health_port}",
+        "--set",
+        f"controller.logLevel={log_level}",
+    ]
+    for name, value in settings.items():
+        # --set-json: a comma in the runner command must not split the value.
+        args += ["--set-json", f"settings.{name}={json.dumps(value)}"]
+    return args
+
+
+def test_helm_lifecycle_install_reconcile_upgrade_uninstall(
+    fresh_cluster: Any,
+    helm_bin: Path,
+    chart_controller: ChartController,
+    git_repo: Callable[..., Any],
+    git_server: Any,
+    pulumi_env: Any,
+    pulumi_bin: Path,
+) -> None:
+    kube = fresh_cluster.kube
+    assert kube.get_or_none(CRDS, "stacks.pulumi.com") is None, "the cluster is not fresh"
+    kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT}})
+    create_secrets(kube, TENANT, git_server, pulumi_env)
+    ports = {"metrics_port": free_port(), "health_port": free_port()}
+
+    # -- install: CRDs from crds/, the controller's objects, the tenant's runner ---------
+    helm_on(
+        fresh_cluster,
+        helm_bin,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--create-namespace",
+        *install_values(**ports),
+    )
+    for crd in ("stacks.pulumi.com", "programs.pulumi.com"):
+        assert kube.get_or_none(CRDS, crd) is not None
+    chart_controller.start()
+
+    # -- a Stack reaches Ready under the chart's RBAC and settings ------------------------
+    repo = git_repo()
+    apply_stack(kube, TENANT, "installed", stack_spec(repo, pulumi_env))
+    stack = wait_stack(kube, TENANT, "installed", ready, timeout=600, what="Stack Ready")
+    assert last_update(stack)["state"] == "succeeded"
+    assert sorted(p.name for p in pulumi_env.files_dir.iterdir())
+
+    # -- every metric the alerts and the dashboard name is exported ----------------------
+    text = chart_controller.scrape()
+    missing = monitored_metrics() - exported_series(text) - PROMETHEUS_SERIES
+    assert missing == set(), f"named by the rules or the dashboard, not exported: {missing}"
+    assert (
+        'controller_runtime_reconcile_total{controller="stack-controller",result="success"}' in text
+    )
+    assert f'stacks_failing{{name="installed",namespace="{TENANT}"}} 0.0' in text
+    assert "stacks_active 1.0" in text
+
+    # -- upgrade with a run in flight: the Job keeps running and its result counts -------
+    slow = stack_spec(
+        repo,
+        pulumi_env,
+        config={"directory": str(pulumi_env.files_dir / "slow"), "sleepSeconds": "25"},
+    )
+    apply_stack(kube, TENANT, "slow", slow)
+    running: list[JSON] = []
+
+    def job_running() -> bool:
+        jobs = stack_jobs(kube, TENANT, "slow")
+        pods = kube.list_objects(PODS, TENANT, label_selector="pkobatch.io/stack=slow")[0]
+        running[:] = jobs
+        return bool(jobs) and any((p.get("status") or {}).get("phase") == "Running" for p in pods)
+
+    wait_until(job_running, timeout=300, what="the slow Stack's run to be running")
+    job = running[0]
+    helm_on(
+        fresh_cluster,
+        helm_bin,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        *install_values(log_level="debug", **ports),
+    )
+    deployment = kube.get(DEPLOYMENTS, "pkobatch-controller", RELEASE_NAMESPACE)
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "PKOBATCH_LOG_LEVEL", "value": "debug"} in env
+    # What a rollout does: the old pod stops, a new one starts with the new template.
+    chart_controller.stop()
+    chart_controller.start()
+    after = kube.get(JOBS, job["metadata"]["name"], TENANT)
+    assert after["metadata"]["uid"] == job["metadata"]["uid"]
+    stack = wait_stack(kube, TENANT, "slow", ready, timeout=600, what="slow Stack Ready")
+    assert last_update(stack)["name"] == job["metadata"]["name"]
+    assert [j["metadata"]["uid"] for j in stack_jobs(kube, TENANT, "slow")] == [
+        job["metadata"]["uid"]
+    ]
+
+    # -- uninstall: the controller goes, Stacks, CRDs and cloud resources stay -----------
+    helm_on(fresh_cluster, helm_bin, "uninstall", RELEASE)
+    chart_controller.stop()
+    assert kube.get_or_none(CLUSTERROLES, "pkobatch-controller") is None
+    assert kube.get_or_none(DEPLOYMENTS, "pkobatch-controller", RELEASE_NAMESPACE) is None
+    for crd in ("stacks.pulumi.com", "programs.pulumi.com"):
+        assert kube.get_or_none(CRDS, crd) is not None, "helm never deletes crds/"
+    for name in ("installed", "slow"):
+        kept = kube.get(STACKS, name, TENANT)
+        assert ready(kept), f"{name} lost its status"
+        assert kept["metadata"].get("deletionTimestamp") is None
+    # The program's resources (files it manages) are untouched: nothing ran a destroy.
+    assert (pulumi_env.files_dir / "slow").is_dir() and any(
+        (pulumi_env.files_dir / "slow").iterdir()
+    )
