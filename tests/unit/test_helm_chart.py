@@ -216,13 +216,21 @@ def test_chart_crds_are_the_generated_ones() -> None:
     )
 
 
-def test_chart_rules_and_dashboard_are_the_components_files() -> None:
-    monitoring = KUSTOMIZE / "components" / "monitoring"
-    rule = yaml.safe_load((monitoring / "prometheusrule.yaml").read_text())
-    assert yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text()) == rule["spec"]
-    assert (CHART / "files" / "pkobatch-dashboard.json").read_text() == (
-        monitoring / "pkobatch-dashboard.json"
-    ).read_text()
+def test_chart_reads_rbac_rules_and_monitoring_from_deploy_kustomize() -> None:
+    """One source: the chart's RBAC rules, admission policy, alerts and dashboard are read
+    from deploy/kustomize through links, never copied."""
+    linked = CHART / "files" / "kustomize"
+    for path in linked.iterdir():
+        assert path.is_symlink(), f"{path} must link into deploy/kustomize"
+        assert path.resolve().is_relative_to(KUSTOMIZE), path
+    assert {p.name for p in linked.iterdir()} == {
+        "controller-clusterrole.yaml",
+        "runner-clusterrole.yaml",
+        "leader-election-role.yaml",
+        "controller-secret-policy.yaml",
+        "prometheusrule.yaml",
+        "pkobatch-dashboard.json",
+    }
 
 
 # --- the chart's own values ---------------------------------------------------------------
