@@ -351,3 +351,16 @@ def test_values_that_cannot_work_are_refused_with_a_reason(
     done = helm(helm_bin, *args, check=False)
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_packaged_chart_carries_the_linked_files(helm_bin: Path, tmp_path: Path) -> None:
+    """`helm package` copies what crds/ and files/kustomize/ link to: a chart installed from
+    the package (a registry, a release asset) renders what the source directory renders."""
+    helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("pkobatch-*.tgz")
+    args = ["--namespace", SYSTEM_NAMESPACE, "--include-crds"]
+    args += ["--values", str(CI_VALUES / "monitoring-values.yaml")]
+    from_package = helm(helm_bin, "template", "pkobatch", str(package), *args).stdout
+    from_directory = helm(helm_bin, "template", "pkobatch", str(CHART), *args).stdout
+    assert from_package == from_directory
+    assert "kind: PrometheusRule" in from_package and "stacks.pulumi.com" in from_package
