@@ -124,6 +124,7 @@ EventType = Literal["Normal", "Warning"]
 # How often to look again while waiting on something that sends no event of its own.
 PREREQUISITE_RECHECK: Final = 30.0
 SLOT_RECHECK: Final = 30.0
+WATCH_RECHECK: Final = 5.0
 NAMESPACE_RECHECK: Final = 30.0
 # Result ConfigMaps whose Job is gone are deleted after this age (never a fresh one whose
 # Job the cache has not shown yet).
@@ -814,6 +815,8 @@ class _Planner:
             return
         if isinstance(commit, _Waiting):
             self._reconciling(RECONCILING_WAITING_FOR_SOURCE_REASON, commit.message)
+            if commit.recheck is not None:
+                self._requeue_in(commit.recheck)
             return
         assert commit is None or isinstance(commit, str)
         if self._held():
@@ -894,7 +897,9 @@ class _Planner:
         if source is None or not source.watched:
             return _Waiting(
                 f"waiting for the controller's watch of {ref.kind} ({ref.api_version}) to list "
-                "them (is Flux's CRD installed, and may the controller list it?)"
+                "them (is Flux's CRD installed, and may the controller list it?)",
+                # The first list sends events only for sources that exist: look again.
+                recheck=WATCH_RECHECK,
             )
         if source.obj is None:
             return _Waiting(
@@ -1276,6 +1281,8 @@ class _Waiting:
     """The source object is missing or not ready: wait for its watch event, count nothing."""
 
     message: str
+    # Seconds until the next look, when no watch event is sure to come.
+    recheck: float | None = None
 
 
 # The run whose Job ``run_refusal`` builds to check a Stack (the pod does not depend on it).

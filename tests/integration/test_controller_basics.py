@@ -685,3 +685,32 @@ def test_a_flux_source_of_a_kind_without_its_crd_waits_and_other_stacks_are_unaf
         timeout=60,
     )
     assert "gadgets.example.invalid" in controller.log_text()
+
+
+def test_a_missing_flux_source_is_named_once_its_kind_is_watched(
+    controller: ControllerProcess, kube: Kube, namespace: str, flux_crds: Path
+) -> None:
+    """Flux's CRDs installed, the GitRepository absent: once the watch has listed, the
+    Stack says the source does not exist (no event comes for an absent object)."""
+    spec = {
+        "stack": "dev",
+        "fluxSource": {
+            "sourceRef": {
+                "apiVersion": "source.toolkit.fluxcd.io/v1",
+                "kind": "GitRepository",
+                "name": "absent",
+            }
+        },
+    }
+    apply_stack(kube, namespace, "from-absent", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "from-absent",
+        lambda s: (
+            "GitRepository absent does not exist" in condition(s, "Reconciling").get("message", "")
+        ),
+        timeout=60,
+    )
+    assert condition(stack, "Reconciling")["reason"] == "WaitingForSource"
+    assert "lastUpdate" not in stack["status"]

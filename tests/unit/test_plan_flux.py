@@ -51,7 +51,8 @@ def world(source: SourceObject | None) -> World:
 
 def test_waits_without_failing_until_the_source_has_an_artifact() -> None:
     w = world(SourceObject("GitRepository", "repo", None, watched=False))
-    assert w.step().create_job is None
+    first = w.step()
+    assert first.create_job is None and first.requeue_after is not None
     assert "watch of GitRepository" in w.condition("Reconciling")["message"]
     w.source_object = SourceObject("GitRepository", "repo", None)
     assert w.step().create_job is None
