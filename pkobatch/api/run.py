@@ -162,6 +162,9 @@ class RunSnapshot(_Model):
     flux: FluxArtifact | None = None
     # Where the result ConfigMap goes; empty disables writing (embedded `pkobatch run`).
     result_config_map: str = Field(default="", alias="resultConfigMap")
+    # This Stack's Jobs that had finished (so had no running pod) when this one was made:
+    # a Pulumi lock created by one of their pods is stale (pkobatch.runner.locks).
+    ended_runs: list[str] = Field(default_factory=list, alias="endedRuns")
 
 
 RunState = Literal["succeeded", "failed"]
@@ -194,6 +197,8 @@ class RunResult(_Model):
     # What executed the program: "pulumi-language-<runtime>", or "inline-python" when a
     # Python program ran in the runner's interpreter ("" for a destroy from state).
     language_host: str = Field(default="", alias="languageHost")
+    # Stale Pulumi locks the run removed before it could run, one description each.
+    cleared_locks: list[str] = Field(default_factory=list, alias="clearedLocks")
     truncated: bool = False
 
     def to_json(self) -> str:

@@ -502,6 +502,7 @@ def build_snapshot(
     git_auth: GitAuthEnv | None,
     secrets_from_env: dict[str, str],
     source: Mapping[str, Any] | None = None,
+    ended_runs: Sequence[str] = (),
 ) -> RunSnapshot:
     """``source`` is the observed Program (spec.programRef) or Flux source (spec.fluxSource)."""
     meta = stack.get("metadata") or {}
@@ -526,6 +527,7 @@ def build_snapshot(
         else None,
         flux=flux_artifact(source) if source is not None and spec.flux_source is not None else None,
         result_config_map=name,
+        ended_runs=list(ended_runs),
     )
 
 
@@ -586,10 +588,19 @@ def build_job(
     project_info: ProjectInfo | None = None,
     insecure_http_git_hosts: Sequence[str] = (),
     source: Mapping[str, Any] | None = None,
+    ended_runs: Sequence[str] = (),
 ) -> JSON:
     """The Job alone (see ``build_run``), for callers that only look at it."""
     return build_run(
-        stack, spec, run, settings, template, project_info, insecure_http_git_hosts, source
+        stack,
+        spec,
+        run,
+        settings,
+        template,
+        project_info,
+        insecure_http_git_hosts,
+        source,
+        ended_runs,
     ).job
 
 
@@ -602,6 +613,7 @@ def build_run(
     project_info: ProjectInfo | None = None,
     insecure_http_git_hosts: Sequence[str] = (),
     source: Mapping[str, Any] | None = None,
+    ended_runs: Sequence[str] = (),
 ) -> RunObjects:
     """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``), and its inputs.
 
@@ -609,7 +621,8 @@ def build_run(
     travel over plain ``http://`` (``Settings.insecure_http_git_hosts``). ``source`` is the
     observed ``Program`` of a Stack with ``spec.programRef`` (rendered into the snapshot, so
     the run uses exactly that version) or its Flux source (whose artifact URL, revision and
-    digest go into the snapshot).
+    digest go into the snapshot). ``ended_runs``: the Stack's finished Jobs, whose
+    stale Pulumi locks the run may remove.
     """
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
@@ -630,6 +643,7 @@ def build_run(
         environment.git_auth,
         environment.secrets_from_env,
         source,
+        ended_runs,
     )
     annotations = {JOB_STACK_UID_ANNOTATION: uid, RUN_ANNOTATION: run.to_annotation()}
     if labels[STACK_LABEL] != stack_name:

@@ -136,6 +136,9 @@ EVENT_ABANDONED: Final = "FinalizerAbandoned"
 EVENT_DRIFT_DETECTED: Final = "DriftDetected"
 EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
 EVENT_SPEC_NOTES: Final = "SpecNotes"
+EVENT_STALE_LOCK_REMOVED: Final = "StaleLockRemoved"
+# Finished Jobs named in a run's snapshot (the Stack's history keeps a few more at most).
+MAX_ENDED_RUNS: Final = 20
 DRIFT_DETECTED_REASON: Final = "DriftDetected"
 NO_DRIFT_REASON: Final = "NoDrift"
 DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
@@ -428,6 +431,14 @@ class _Planner:
         active = [j for j in self.jobs.values() if not job_finished(j)]
         return max(active, key=_creation) if active else None
 
+    def _ended_runs(self) -> list[str]:
+        """The newest of this Stack's Jobs that have finished: the Job controller marks a
+        Job finished only once none of its pods runs, so their Pulumi locks are stale."""
+        ended = sorted(
+            (j for j in self.jobs.values() if job_finished(j)), key=_creation, reverse=True
+        )
+        return [str(j["metadata"]["name"]) for j in ended[:MAX_ENDED_RUNS]]
+
     def _run_of(self, name: str, job: Mapping[str, Any] | None) -> Run:
         """The run a Job was for; inferred from status when the Job is gone."""
         if job is not None:
@@ -552,6 +563,8 @@ class _Planner:
             }
         if run.trigger.startswith(SCHEDULE_TRIGGER_PREFIX):
             self._record_schedule_time(run.trigger.removeprefix(SCHEDULE_TRIGGER_PREFIX))
+        for cleared in result.cleared_locks if result is not None else []:
+            self._event("Warning", EVENT_STALE_LOCK_REMOVED, f"{name}: {cleared}")
         if outcome.succeeded:
             self._event("Normal", EVENT_CREATED, f"{run.operation} {name} succeeded")
         else:
@@ -613,6 +626,7 @@ class _Planner:
             project_info,
             insecure_http_git_hosts=self.settings.insecure_http_git_hosts,
             source=self.obs.source_object.obj if self.obs.source_object else None,
+            ended_runs=self._ended_runs(),
         )
 
     def _repair_inputs(self, job: Mapping[str, Any], run: Run) -> None:

@@ -40,7 +40,7 @@ from pkobatch.api.constants import ResultReason
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo, RunResult, RunSnapshot
 from pkobatch.api.stack import StackSpec, load_stack_spec
-from pkobatch.runner import git
+from pkobatch.runner import git, locks
 from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
@@ -123,6 +123,7 @@ class _Run:
     pulumi_version: str = ""
     language_host: str = ""
     notes: list[str] = field(default_factory=list)
+    cleared_locks: list[str] = field(default_factory=list)
 
 
 def execute(
@@ -178,6 +179,7 @@ def execute(
         pulumi_version=run.pulumi_version,
         project_info=run.project_info,
         language_host=run.language_host,
+        cleared_locks=[bound_message(log.redactor.scrub(note)) for note in run.cleared_locks],
     )
     return bound_result(result)
 
@@ -497,6 +499,46 @@ def _check_environment_support(spec: StackSpec, env: Mapping[str, str]) -> None:
 
 
 def _operate(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
+    """The operation; once more after removing a stale lock that refused it."""
+    try:
+        return _operate_once(run, spec, stack)
+    except CommandError as error:
+        if not _remove_stale_locks(run, error):
+            raise
+    run.log.step(f"running {run.snapshot.operation} again now that the stale lock is gone")
+    return _operate_once(run, spec, stack)
+
+
+def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
+    """Remove the locks that refused the operation if each provably belongs to a finished
+    run of this Stack (``pkobatch.runner.locks``); True when they are gone."""
+    stdout, stderr = command_output(error)
+    found = locks.parse_locks(f"{stderr}\n{stdout}")
+    if not found:
+        return False
+    ended = run.snapshot.ended_runs
+    stale = locks.stale_locks(found, ended)
+    if stale is None:
+        run.log.step(locks.not_live_message(found, ended))
+        return False
+    files = [locks.lock_file(entry.lock) for entry in stale]
+    if any(path is None for path in files):
+        run.log.step(
+            "the stack's lock was left by a finished run of this Stack, but only a file:// "
+            "backend's lock can be removed precisely; release it with `pulumi cancel` when "
+            "no other update runs: " + "; ".join(entry.describe() for entry in stale)
+        )
+        return False
+    for entry, path in zip(stale, files, strict=True):
+        assert path is not None
+        path.unlink(missing_ok=True)
+        message = f"removed the stale {entry.describe()}"
+        run.log.step(message)
+        run.cleared_locks.append(message)
+    return True
+
+
+def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
     snapshot, log = run.snapshot, run.log
     update = spec.update_template.spec if spec.update_template else None
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -638,3 +640,125 @@ def test_a_runner_that_cannot_read_its_job_still_owns_its_result(
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
     log = run_log(cluster, namespace, name)
     assert "could not read Job" in log and "owned by the Job's UID" in log
+
+
+# -- stale Pulumi locks ----------------------------------------------------------------------
+
+
+def backend_locks(pulumi_env: Any) -> list[Path]:
+    root = Path(pulumi_env.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
+    return sorted(p for p in root.rglob("*.json") if p.is_file())
+
+
+def container_main_pid(pod_name: str) -> int | None:
+    """The pid of the pod's container process: the child of its node-agent reaper."""
+    marker = f"pkobatch.dev.reaper\0--hostname\0{pod_name}\0".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker not in (proc / "cmdline").read_bytes():
+                continue
+            children = (proc / "task" / proc.name / "children").read_text().split()
+        except OSError:
+            continue
+        return int(children[0]) if children else None
+    return None
+
+
+def test_a_hard_killed_runs_lock_is_removed_by_the_next_run(
+    controller: ControllerProcess,
+    kube: Kube,
+    cluster: Any,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    spec = stack_spec(repo, pulumi_env)
+    spec["config"]["sleepSeconds"] = "600"
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: bool((s.get("status") or {}).get("currentUpdate"))
+    )
+    first = stack["status"]["currentUpdate"]["name"]
+    wait_until(lambda: bool(backend_locks(pulumi_env)), timeout=180, what="the stack lock")
+    (lock,) = backend_locks(pulumi_env)
+    (pod,) = kube.list_objects(PODS, namespace, label_selector=f"job-name={first}")[0]
+    runner = container_main_pid(pod["metadata"]["name"])
+    assert runner is not None
+    # The lock names the pod: its hostname is the pod's name.
+    assert json.loads(lock.read_text())["hostname"] == pod["metadata"]["name"]
+
+    # As the OOM killer would: no cleanup runs; the node agent ends the rest of the pod.
+    os.kill(runner, signal.SIGKILL)
+    stack = wait_stack(kube, namespace, "app", lambda s: last_update(s).get("name") == first)
+    assert last_update(stack)["state"] == "failed"
+    assert lock.exists(), "the killed run's lock is what this test is about"
+
+    # The retry (fast program now) finds the lock of the finished run and removes it.
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    stack = wait_stack(kube, namespace, "app", ready, timeout=300)
+    second = last_update(stack)["name"]
+    assert last_update(stack)["state"] == "succeeded"
+    assert not lock.exists()
+    events, _ = kube.list_objects(EVENTS, namespace)
+    (removed,) = [e for e in events if e["reason"] == "StaleLockRemoved"]
+    assert removed["involvedObject"]["name"] == "app"
+    assert first in removed["message"] and pod["metadata"]["name"] in removed["message"]
+    (second_pod,) = kube.list_objects(PODS, namespace, label_selector=f"job-name={second}")[0]
+    log = cluster.pod_logs.read(namespace, second_pod["metadata"]["name"])
+    assert f"removed the stale Pulumi lock {lock.as_uri()}" in log
+
+
+def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    tmp_path: Path,
+) -> None:
+    repo = git_repo()
+    # A person's `pulumi up` of the same stack from a laptop (here: `pkobatch run`).
+    manifest = tmp_path / "laptop.yaml"
+    laptop_spec = stack_spec(repo, pulumi_env)
+    laptop_spec["config"]["sleepSeconds"] = "600"
+    body = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {"name": "laptop", "namespace": namespace},
+    }
+    manifest.write_text(json.dumps({**body, "spec": laptop_spec}))
+    values = [
+        f"{name}/{key}={value}" for name, data in secrets.items() for key, value in data.items()
+    ]
+    laptop = subprocess.Popen(
+        [sys.executable, "-m", "pkobatch.main", "run", "-f", str(manifest), "-o", "json"]
+        + [arg for value in values for arg in ("--secret", value)],
+        env={**pulumi_env.env, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: bool(backend_locks(pulumi_env)), timeout=180, what="the laptop lock")
+        (lock,) = backend_locks(pulumi_env)
+        holder = json.loads(lock.read_text())
+
+        apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+        stack = wait_stack(
+            kube, namespace, "app", lambda s: last_update(s).get("state") == "failed"
+        )
+
+        update = last_update(stack)
+        assert "locked" in update["message"]
+        assert f"{holder['hostname']} (pid {holder['pid']})" in update["message"]
+        assert lock.exists()
+        assert laptop.poll() is None, "the live run was disturbed"
+        events, _ = kube.list_objects(EVENTS, namespace)
+        assert not [e for e in events if e["reason"] == "StaleLockRemoved"]
+    finally:
+        laptop.terminate()
+        laptop.wait(timeout=120)
