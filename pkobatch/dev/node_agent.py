@@ -89,6 +89,7 @@ from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
 from pkobatch.dev.memory_limit import MemoryCgroup, parse_quantity
 from pkobatch.dev.podenv import CreateContainerConfigError, expand, resolve_env
 from pkobatch.kube.client import (
+    DEFAULT_TIMEOUT,
     NODES,
     PODS,
     Conflict,
@@ -113,6 +114,7 @@ DEFAULT_NODE_NAME: Final = "pkobatch-dev"
 # What the kubelet's graceful node shutdown writes on the pods it kills.
 _SHUTDOWN_MESSAGE: Final = "The node agent stopped; the pod's processes were stopped."
 _LAUNCHES_KEPT: Final = 1000
+_SHUTDOWN_API_TIMEOUT: Final = (3.0, 5.0)
 
 
 def _now() -> str:
@@ -263,13 +265,23 @@ class _PodWorker:
         self.released = True
         try:
             self.agent.kube.delete(
-                PODS, self.name, self.namespace, uid=self.uid, grace_period_seconds=0
+                PODS,
+                self.name,
+                self.namespace,
+                uid=self.uid,
+                grace_period_seconds=0,
+                timeout=self._api_timeout(),
             )
         except (NotFound, Conflict):
             pass  # gone, or a new pod of the same name (the uid precondition failed)
         except KubeError as exc:
             self.released = False
             log.warning("node agent: deleting %s/%s: %s", self.namespace, self.name, exc)
+
+    def _api_timeout(self) -> tuple[float, float]:
+        """During a node shutdown an API server that does not answer must not hold up the
+        teardown; otherwise the client's usual timeouts."""
+        return _SHUTDOWN_API_TIMEOUT if self.shutdown.is_set() else DEFAULT_TIMEOUT
 
     def recover(self, phase: str) -> None:
         """A pod of this node that an earlier agent started (``status.startTime``): its
@@ -558,6 +570,7 @@ class _PodWorker:
                     PODS.path(self.namespace, self.name, "status"),
                     body=body,
                     content_type=STRATEGIC_MERGE_PATCH,
+                    timeout=self._api_timeout(),
                 )
             )
         except (NotFound, Conflict, Invalid) as exc:

@@ -95,6 +95,8 @@ def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds; the exit code."""
     if process.poll() is None:
         signal_group(process, signal.SIGTERM)
+        # A stopped (SIGSTOP) process handles SIGTERM only once it runs again.
+        signal_group(process, signal.SIGCONT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
     # The leader may be gone while a grandchild still holds the group: kill what is left.

@@ -327,7 +327,7 @@ def up(
     raise DevError(f"the dev environment did not start within {timeout:.0f}s")
 
 
-def down(root: Path, *, timeout: float = 60) -> bool:
+def down(root: Path, *, timeout: float = 120) -> bool:
     """Stop the supervisor (and so everything); False if nothing ran."""
     paths = DevPaths(root)
     pid = running_pid(paths)

@@ -502,13 +502,14 @@ class Kube:
         propagation: str = "Background",
         uid: str | None = None,
         grace_period_seconds: int | None = None,
+        timeout: float | tuple[float, float] = DEFAULT_TIMEOUT,
     ) -> JSON:
         body: JSON = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
         if grace_period_seconds is not None:
             body["gracePeriodSeconds"] = grace_period_seconds
-        return self.request("DELETE", res.path(namespace, name), body=body)
+        return self.request("DELETE", res.path(namespace, name), body=body, timeout=timeout)
 
     def _open_stream(
         self,

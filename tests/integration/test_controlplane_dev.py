@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch
+from dev_env import alive, cmdline, environment_pids, leftovers, listening_ports, pkobatch
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, JOBS, Kube
@@ -34,7 +34,7 @@ def start(state: Path) -> dict[str, Any]:
     return status
 
 
-def hello_job(name: str, greeting: str) -> dict[str, Any]:
+def hello_job(name: str, greeting: str, *, sleep: float = 0) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -48,7 +48,11 @@ def hello_job(name: str, greeting: str) -> dict[str, Any]:
                         {
                             "name": "main",
                             "image": "unused",
-                            "command": [sys.executable, "-c", f"print({greeting!r})"],
+                            "command": [
+                                sys.executable,
+                                "-c",
+                                f"import time; time.sleep({sleep}); print({greeting!r})",
+                            ],
                         }
                     ],
                 }
@@ -157,17 +161,38 @@ def test_a_crashed_component_is_restarted_by_the_supervisor(state: Path, compone
         kube.close()
 
 
-def test_down_completes_while_the_api_server_is_gone(state: Path) -> None:
+def test_down_completes_while_the_api_server_does_not_answer(state: Path) -> None:
     status = start(state)
     pids = environment_pids(status)
     ports = listening_ports(pids)
     supervisor_pid = status["supervisorPid"]
-    # Stopped, not crashed: SIGSTOP keeps it from answering or being restarted.
+    kube = Kube.connect(status["kubeconfig"])
+    try:
+        kube.create(JOBS, hello_job("long", "never printed", sleep=600), "default")
+        wait_until(
+            lambda: bool(json.loads((state / "status.json").read_text()).get("runningPods")),
+            timeout=120,
+            what="the pod to run",
+        )
+    finally:
+        kube.close()
+    pod_processes = [
+        int(proc.name)
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and "--hostname long-" in cmdline(int(proc.name))
+    ]
+    assert pod_processes
+    # Stopped, not crashed: SIGSTOP keeps it from answering or being restarted, so every
+    # call the teardown makes (the pod's final status, its release) goes unanswered.
     os.kill(status["components"]["kube-apiserver"], signal.SIGSTOP)
 
     assert "stopped" in pkobatch("dev", "down", "--state-dir", str(state)).stdout
 
-    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60, what="processes to end")
+    wait_until(
+        lambda: not any(alive(pid) for pid in pids + pod_processes),
+        timeout=60,
+        what="processes to end",
+    )
     assert not alive(supervisor_pid)
     assert leftovers(state, ports) == []
     assert json.loads((state / "status.json").read_text())["state"] == "stopped"
