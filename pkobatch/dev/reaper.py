@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Final
 
@@ -114,11 +115,21 @@ def run(command: list[str], hostname: str | None, cgroup: str | None = None) -> 
                 break
     except _ParentDied:
         pass
-    processes.kill_descendants(os.getpid())
-    with contextlib.suppress(ChildProcessError):
-        while True:
-            os.waitpid(-1, 0)
+    _end_descendants()
     return code
+
+
+def _end_descendants() -> None:
+    """SIGKILL and reap every process left, until none is: one that was being started, or
+    whose parent was still exiting, arrives late — never block on one that lives."""
+    while True:
+        processes.kill_descendants(os.getpid())
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
 
 
 def main(argv: list[str]) -> int:
