@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 from controller_harness import (
+    INSECURE_HTTP_GIT_HOSTS,
+    LOOPBACK_GIT_HOST,
     ControllerProcess,
     apply_stack,
     condition,
@@ -755,7 +757,13 @@ def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
     laptop = subprocess.Popen(
         [sys.executable, "-m", "pkobatch.main", "run", "-f", str(manifest), "-o", "json"]
         + [arg for value in values for arg in ("--secret", value)],
-        env={**pulumi_env.env, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)},
+        env={
+            **pulumi_env.env,
+            "HOME": str(tmp_path / "home"),
+            "TMPDIR": str(tmp_path),
+            # The test's git server is plain HTTP on loopback.
+            INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
