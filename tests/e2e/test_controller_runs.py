@@ -56,6 +56,7 @@ from pkobatch.kube.client import (
     STACKS,
     Kube,
 )
+from pkobatch.runner.embedded import fallback_env_name
 
 pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
@@ -751,18 +752,21 @@ def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
         "metadata": {"name": "laptop", "namespace": namespace},
     }
     manifest.write_text(json.dumps({**body, "spec": laptop_spec}))
-    values = [
-        f"{name}/{key}={value}" for name, data in secrets.items() for key, value in data.items()
-    ]
+    # Secret values go through the environment, never the argument list.
+    secret_env = {
+        fallback_env_name("PKOBATCH_SECRET", name, key): value
+        for name, data in secrets.items()
+        for key, value in data.items()
+    }
     laptop = subprocess.Popen(
-        [sys.executable, "-m", "pkobatch.main", "run", "-f", str(manifest), "-o", "json"]
-        + [arg for value in values for arg in ("--secret", value)],
+        [sys.executable, "-m", "pkobatch.main", "run", "-f", str(manifest), "-o", "json"],
         env={
             **pulumi_env.env,
             "HOME": str(tmp_path / "home"),
             "TMPDIR": str(tmp_path),
             # The test's git server is plain HTTP on loopback.
             INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
+            **secret_env,
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
