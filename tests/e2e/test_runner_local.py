@@ -247,14 +247,14 @@ def test_5000_outputs_give_a_bounded_truncated_result(
 def test_yaml_and_python_programs_run_without_a_cluster(
     runs: Runs, git_repo: Callable[..., Any], git_server: Any, yaml_host: Path
 ) -> None:
-    secret = ["--secret", f"git/password={git_server.password}"]
+    secret = {"git/password": git_server.password}
     yaml_program = runs.manifest(
         git_repo("yaml").http_url, **basic_auth(git_server), config={"greeting": "hi"}
     )
     python_program = runs.manifest(git_repo("files").http_url, **basic_auth(git_server))
 
-    yaml_result, _, yaml_code = runs.run(yaml_program, *secret)
-    python_result, _, python_code = runs.run(python_program, *secret)
+    yaml_result, _, yaml_code = runs.run(yaml_program, secrets=secret)
+    python_result, _, python_code = runs.run(python_program, secrets=secret)
 
     assert (yaml_code, yaml_result.reason) == (0, "Succeeded"), yaml_result.message
     assert yaml_result.project_info is not None and yaml_result.project_info.runtime == "yaml"
