@@ -178,7 +178,7 @@ build_kubernetes_provider() {
     go mod tidy
     step="kubernetes_provider: generate schema"; say "pulumi-resource-kubernetes $V: writing the embedded schema"
     (cd cmd/pulumi-resource-kubernetes && VERSION=$V go run generate.go)
-    step="kubernetes_provider: build"; say "pulumi-resource-kubernetes $V: building (about 7 minutes on 2 cores)"
+    step="kubernetes_provider: build"; say "pulumi-resource-kubernetes $V: building (the largest component after pulumi)"
     mkdir -p "$out.tmp"
     go build -trimpath -buildvcs=false \
       -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$V" \
