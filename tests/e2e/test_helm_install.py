@@ -40,7 +40,7 @@ from controller_harness import (
     stack_spec,
     wait_stack,
 )
-from deploy_render import CHART, KUSTOMIZE, helm
+from deploy_render import CHART, CI_VALUES, KUBECTL, KUSTOMIZE, REPO, helm
 from promql_names import metric_names
 
 from pkobatch.dev.processes import wait_until
@@ -68,8 +68,11 @@ PROMETHEUS_SERIES = {"up"}
 class ChartController:
     """The process the chart's controller pod would run, from the release's manifest."""
 
-    def __init__(self, cluster: Any, helm_bin: Path, work_dir: Path) -> None:
+    def __init__(
+        self, cluster: Any, helm_bin: Path, work_dir: Path, namespace: str = RELEASE_NAMESPACE
+    ) -> None:
         self.cluster = cluster
+        self.namespace = namespace
         self.helm_bin = helm_bin
         self.work_dir = work_dir
         self.process: subprocess.Popen[bytes] | None = None
@@ -77,7 +80,9 @@ class ChartController:
         self.metrics_port = 0
 
     def manifest(self) -> list[JSON]:
-        done = helm_on(self.cluster, self.helm_bin, "get", "manifest", RELEASE)
+        done = helm_on(
+            self.cluster, self.helm_bin, "get", "manifest", RELEASE, namespace=self.namespace
+        )
         return [o for o in yaml.safe_load_all(done.stdout) if o]
 
     def deployment(self) -> JSON:
@@ -103,7 +108,7 @@ class ChartController:
         # ServiceAccount's token comes in a kubeconfig.
         env["KUBECONFIG"] = str(
             self.cluster.service_account_kubeconfig(
-                RELEASE_NAMESPACE,
+                self.namespace,
                 pod["serviceAccountName"],
                 self.work_dir / f"controller-{self.starts}.kubeconfig",
             )
@@ -147,12 +152,14 @@ class ChartController:
             self.process.wait(timeout=30)
 
 
-def helm_on(cluster: Any, helm_bin: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def helm_on(
+    cluster: Any, helm_bin: Path, *args: str, namespace: str = RELEASE_NAMESPACE
+) -> subprocess.CompletedProcess[str]:
     return helm(
         helm_bin,
         *args,
         "--namespace",
-        RELEASE_NAMESPACE,
+        namespace,
         "--kubeconfig",
         str(cluster.kubeconfig),
         env={**os.environ, "HELM_CACHE_HOME": str(cluster.state_dir / "helm-cache")},
@@ -206,9 +213,11 @@ def chart_controller(
     controller.stop()
 
 
-def install_values(*, log_level: str = "info", metrics_port: int, health_port: int) -> list[str]:
-    """The chart values of this test: the tenant namespace, and what a run on the local node
-    agent needs (see the module docstring)."""
+def install_values(
+    *, log_level: str = "info", metrics_port: int, health_port: int, runner: bool = True
+) -> list[str]:
+    """The chart values of this test: the tenant namespace (``runner``), and what a run on the
+    local node agent needs (see the module docstring)."""
     settings = {
         "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
         INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
@@ -216,9 +225,8 @@ def install_values(*, log_level: str = "info", metrics_port: int, health_port: i
         "PKOBATCH_POLL_INTERVAL": "2s",
         "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "20s",
     }
-    args = [
-        "--set",
-        f"runner.namespaces={{{TENANT}}}",
+    args = ["--set", f"runner.namespaces={{{TENANT}}}"] if runner else []
+    args += [
         "--set",
         f"metrics.port={metrics_port}",
         "--set",
@@ -332,3 +340,59 @@ def test_helm_lifecycle_install_reconcile_upgrade_uninstall(
     assert (pulumi_env.files_dir / "slow").is_dir() and any(
         (pulumi_env.files_dir / "slow").iterdir()
     )
+
+
+def test_namespaced_release_runs_its_namespaces_stacks_with_roles_only(
+    fresh_cluster: Any,
+    helm_bin: Path,
+    git_repo: Callable[..., Any],
+    git_server: Any,
+    pulumi_env: Any,
+    pulumi_bin: Path,
+    tmp_path: Path,
+) -> None:
+    """rbac.scope=namespace (ci/namespaced-values.yaml) after a cluster admin applied crds/:
+    no cluster-scoped object, and the controller runs its namespace's Stacks to Ready."""
+    kube = fresh_cluster.kube
+    namespace = "team-ns"
+    admin = subprocess.run(
+        [
+            str(KUBECTL),
+            "--kubeconfig",
+            str(fresh_cluster.kubeconfig),
+            "apply",
+            "-k",
+            str(REPO / "crds"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert admin.returncode == 0, admin.stderr
+    kube.create(
+        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    create_secrets(kube, namespace, git_server, pulumi_env)
+    ports = {"metrics_port": free_port(), "health_port": free_port()}
+    helm_on(
+        fresh_cluster,
+        helm_bin,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--skip-crds",
+        "--values",
+        str(CI_VALUES / "namespaced-values.yaml"),
+        *install_values(runner=False, **ports),
+        namespace=namespace,
+    )
+    controller = ChartController(fresh_cluster, helm_bin, tmp_path / "controller", namespace)
+    assert not [o for o in controller.manifest() if o["kind"].startswith("Cluster")]
+    controller.start()
+    try:
+        apply_stack(kube, namespace, "tenant", stack_spec(git_repo(), pulumi_env))
+        wait_stack(kube, namespace, "tenant", ready, timeout=600, what="Stack Ready")
+    finally:
+        controller.stop()
+        helm_on(fresh_cluster, helm_bin, "uninstall", RELEASE, namespace=namespace)
