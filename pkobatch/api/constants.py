@@ -92,6 +92,9 @@ ResultReason = Literal[
     "JobFailed",
 ]
 RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
+# Failures a retry cannot fix (the spec, or the image, lacks something): the Stack stalls at
+# once and runs again only when its spec, source or reconcile request changes.
+PERMANENT_RESULT_REASONS: Final[frozenset[str]] = frozenset({"InvalidSpec"})
 
 # Event reasons (PKO's).
 EVENT_UPDATE_DETECTED: Final = "StackUpdateDetected"

@@ -617,6 +617,10 @@ class StackUpdateState(_Model):
     failures: Int64 | None = Field(
         default=None, description="Consecutive failures for this generation and request."
     )
+    reason: str | None = Field(
+        default=None,
+        description="pkobatch: the run's result reason (Succeeded, InvalidSpec, ...).",
+    )
 
 
 class CurrentStackUpdate(_Model):

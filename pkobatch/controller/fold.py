@@ -484,6 +484,7 @@ def folded_last_update(
         "permalink": result.permalink if result is not None else "",
         "lastResyncTime": format_time(outcome.finished_at),
         "failures": failures,
+        "reason": outcome.reason,
     }
 
 

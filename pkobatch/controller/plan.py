@@ -60,6 +60,7 @@ from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     OPERATIONS,
+    PERMANENT_RESULT_REASONS,
     RECONCILE_REQUEST_ANNOTATION,
     RECONCILING_PREREQUISITE_REASON,
     RECONCILING_PREVIEW_FAILED_REASON,
@@ -991,7 +992,7 @@ class _Planner:
         ):
             return f"new commit {commit}"
         failures = int(last.get("failures") or 0)
-        if failures >= self.settings.retry.max_failures:
+        if failures >= self.settings.retry.max_failures or _permanent(last):
             return None
         wait = self._cooldown_remaining(last, failures)
         if wait <= timedelta(0):
@@ -1043,6 +1044,13 @@ class _Planner:
             return
         failures = int(last.get("failures") or 0)
         kind = str(last.get("type") or "update")
+        if _permanent(last):
+            self._stalled(
+                STALLED_SPEC_INVALID_REASON,
+                f"{kind} failed and retrying cannot help; not retrying until the spec, the "
+                f"source or {RECONCILE_REQUEST_ANNOTATION} changes. Error: {last.get('message')}",
+            )
+            return
         if failures >= self.settings.retry.max_failures:
             self._stalled(
                 STALLED_UPDATE_FAILED_REASON,
@@ -1347,3 +1355,8 @@ def _changes_stack(run: Run) -> bool:
 
 def _running_message(run: Run, name: str) -> str:
     return f"{run.operation} {name} is in progress"
+
+
+def _permanent(last: Mapping[str, Any]) -> bool:
+    """The last run failed for a reason a retry cannot fix (e.g. a missing language host)."""
+    return last.get("state") == "failed" and last.get("reason") in PERMANENT_RESULT_REASONS

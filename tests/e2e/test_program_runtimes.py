@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from controller_harness import (
     wait_stack,
 )
 
+from pkobatch.api.constants import RECONCILE_REQUEST_ANNOTATION
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -264,16 +264,31 @@ def test_a_nodejs_program_without_its_language_host_fails_once_and_other_stacks_
     first = last_update(node)
     assert first["state"] == "failed"
     assert "pulumi-language-nodejs" in first["message"], first
-    # Not wedged: the failure is reported and retried like any failed run (1 s backoff base
-    # here), then the Stack stalls with the message and starts no run by itself.
+    # A missing binary cannot be fixed by a retry: the Stack stalls at once with the message
+    # (InvalidSpec) after exactly one run ...
     node = wait_stack(
         kube,
         namespace,
         "node",
-        lambda s: condition(s, "Stalled").get("reason") == "UpdateFailed",
-        timeout=600,
+        lambda s: condition(s, "Stalled").get("reason") == "SpecInvalid",
+        timeout=300,
     )
     assert "pulumi-language-nodejs" in condition(node, "Stalled")["message"]
-    runs = len(stack_jobs(kube, namespace, "node"))
-    time.sleep(30)
-    assert len(stack_jobs(kube, namespace, "node")) == runs
+    assert last_update(node)["reason"] == "InvalidSpec"
+    assert len(stack_jobs(kube, namespace, "node")) == 1
+    # ... and is not wedged: a user's reconcile request runs it again.
+    kube.merge_patch(
+        STACKS,
+        "node",
+        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "retry"}}},
+        namespace,
+    )
+    node = wait_stack(
+        kube,
+        namespace,
+        "node",
+        lambda s: run_ended(s) and last_update(s)["reconcileRequest"] == "retry",
+        timeout=300,
+    )
+    assert len(stack_jobs(kube, namespace, "node")) == 2
+    assert "pulumi-language-nodejs" in last_update(node)["message"]

@@ -176,9 +176,11 @@ def test_success_resets_and_records_the_commit() -> None:
         "permalink": "https://app.pulumi.com/x",
         "lastResyncTime": "2026-02-01T08:00:00Z",
         "failures": 0,
+        "reason": "Succeeded",
     }
     after = folded_last_update(ok, RUN, "j3", outcome("failed", commit="c1"))
     assert after["failures"] == 1 and after["lastSuccessfulCommit"] == "c1"
+    assert after["reason"] == "ProgramError"
 
 
 def test_outputs_follow_up_and_destroy_only() -> None:

@@ -459,6 +459,30 @@ def test_failures_back_off_10_30_90_seconds_then_stall() -> None:
     assert result.create_job is None and result.requeue_after is None
 
 
+def test_a_failure_retrying_cannot_fix_stalls_at_once_until_something_changes() -> None:
+    world = World()
+    world.step()
+    world.finish(state="failed", reason="InvalidSpec", message="needs pulumi-language-nodejs")
+    result = world.step()
+    assert result.create_job is None and result.requeue_after is None
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "SpecInvalid"
+    assert "pulumi-language-nodejs" in stalled["message"]
+    assert world.condition("Reconciling") is None
+    world.advance(86400)
+    assert world.step().create_job is None
+    # A new commit or spec may bring what was missing: it runs again.
+    world.source = SourceHead(commit=SHA2)
+    assert world.step().create_job is not None
+    world.finish(state="failed", reason="InvalidSpec", message="still missing")
+    assert world.step().create_job is None
+    world.edit_spec(config={"image": "fixed"})
+    assert world.step().create_job is not None
+    world.finish()
+    world.step()
+    assert world.condition("Ready")["status"] == "True"
+
+
 def test_fixing_the_spec_recovers_a_stalled_stack() -> None:
     world = World(settings=Settings(retry={"max_failures": 1}))
     world.step()
