@@ -378,6 +378,45 @@ class DriftDetection(_Model):
         return check_cron(value)
 
 
+# A ConfigMap or Secret key (Kubernetes' rule for both).
+DATA_KEY_PATTERN: Final = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+class ExportTarget(_Model):
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the object, in the Stack's namespace."
+    )
+
+
+class ExportOutputs(_Model):
+    """Where a successful ``up`` writes the stack's outputs for other workloads."""
+
+    config_map: ExportTarget | None = Field(
+        default=None, description="ConfigMap that receives the plain (non-secret) outputs."
+    )
+    secret: ExportTarget | None = Field(
+        default=None, description="Secret that receives the secret outputs."
+    )
+    outputs: list[str] | None = Field(
+        default=None, description="The outputs to export (default: all of them)."
+    )
+    keys: dict[str, str] | None = Field(
+        default=None, description="Output name -> key to write it under (default: its name)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ExportOutputs:
+        if self.config_map is None and self.secret is None:
+            raise ValueError("set configMap, secret or both: where the outputs go")
+        for output, key in (self.keys or {}).items():
+            if not DATA_KEY_PATTERN.fullmatch(key) or len(key) > 253:
+                raise ValueError(
+                    f"keys.{output}: {key!r} is not a valid ConfigMap/Secret key: use at most "
+                    "253 letters, digits, '-', '_' and '.'"
+                )
+        return self
+
+
 # ---------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------
@@ -390,6 +429,7 @@ EXTENSION_FIELDS: Final = (
     "driftDetection",
     "timeoutSeconds",
     "jobTemplate",
+    "exportOutputs",
 )
 # Alias dialect: alias wire name -> canonical wire name (see normalize_spec).
 SPEC_ALIASES: Final[Mapping[str, str]] = {
@@ -558,6 +598,11 @@ class StackSpec(_Model):
     )
     job_template: JobTemplate | None = Field(
         default=None, description="pkobatch: metadata and pod spec merged into every Job."
+    )
+    export_outputs: ExportOutputs | None = Field(
+        default=None,
+        description="pkobatch: write the outputs to a ConfigMap (plain) and a Secret (secret) "
+        "after each successful up; deleted after a destroy.",
     )
 
     @model_validator(mode="before")

@@ -5,13 +5,15 @@ the manifests and fails when a role grants less (a call would be forbidden) or m
 privilege) than these calls need. When you add an API call to the controller or the runner,
 append it here in the same change; the test then names the manifest rule to update.
 
-Two deliberate limits, documented in ``docs/install.md``:
+Deliberate limits, documented in ``docs/install.md``:
 
 - Secrets: the controller may only ``get`` them (git credentials for branch polling) and
   ``create`` them (a run's Secret of the secret values a Stack holds inline). It never lists,
   watches, changes or deletes Secrets; run pods receive secret values through the kubelet.
 - Leases: the controller uses them only in its own namespace (leader election), so they are
   granted by a Role there, not by the cluster-wide ClusterRole.
+- The runner touches Secrets only for ``spec.exportOutputs`` (the Secret of a Stack's secret
+  outputs) and only in namespaces that bind its ClusterRole with a RoleBinding.
 
 The group of the core API is the empty string. Subresources are written ``stacks/status``.
 """
@@ -98,4 +100,12 @@ RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("", "configmaps", "create"),
     ("", "configmaps", "get"),
     ("", "configmaps", "update"),
+    # spec.exportOutputs: the outputs' ConfigMap and Secret (owned by the Stack), checked to be
+    # the Stack's before an update or delete; deleted after a destroy. Secrets in the run's own
+    # namespace only (a RoleBinding): a Stack's author can already hand any of them to a run.
+    ("", "configmaps", "delete"),
+    ("", "secrets", "create"),
+    ("", "secrets", "get"),
+    ("", "secrets", "update"),
+    ("", "secrets", "delete"),
 )

@@ -14,6 +14,9 @@ Operations:
   remove).
 - A drift check (``snapshot.driftCheck``) is ``pulumi refresh --preview-only``: it changes
   nothing and reports the number of resources that differ in ``driftedResources``.
+- ``spec.exportOutputs``: after a successful ``up`` the outputs go to a ConfigMap and a
+  Secret, after a successful destroy those are deleted (``pkobatch.runner.exports``; the
+  caller gives the ``OutputsSink``, none for ``pkobatch run``, which then only says so).
 - ``destroy`` of a stack that does not exist succeeds with nothing to do. When the source is
   gone (``SourceUnavailable``) and the snapshot carries the project's name and runtime, a
   destroy without ``runProgram`` runs from the backend's state with a minimal Pulumi.yaml.
@@ -43,6 +46,14 @@ from pkobatch.api.stack import StackSpec, load_stack_spec
 from pkobatch.runner import git, locks
 from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.exports import (
+    ExportFailed,
+    OutputsSink,
+    export_objects,
+    export_targets,
+    hidden_values,
+    plan_export,
+)
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
 from pkobatch.runner.log import RunLog, scrubbed_output
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
@@ -124,6 +135,8 @@ class _Run:
     language_host: str = ""
     notes: list[str] = field(default_factory=list)
     cleared_locks: list[str] = field(default_factory=list)
+    # Where spec.exportOutputs go; None when there is no cluster (``pkobatch run``).
+    outputs_sink: OutputsSink | None = None
 
 
 def execute(
@@ -132,9 +145,10 @@ def execute(
     log: RunLog,
     cancellation: Cancellation,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    outputs_sink: OutputsSink | None = None,
 ) -> RunResult:
     """Run the snapshot's operation; the result is bounded and holds no secret value."""
-    run = _Run(snapshot, env, log, cancellation, started=now())
+    run = _Run(snapshot, env, log, cancellation, started=now(), outputs_sink=outputs_sink)
     reason: ResultReason = "Succeeded"
     outcome = Outcome()
     message = ""
@@ -248,6 +262,7 @@ def _execute(run: _Run) -> Outcome:
         )
         stack = _select_stack(run, spec, workspace)
         if stack is None:
+            _remove_exported(run, spec)
             return Outcome(message=f"stack {spec.stack} does not exist; nothing to destroy")
         if config:
             log.step(f"setting {len(config)} config value(s)")
@@ -260,7 +275,12 @@ def _execute(run: _Run) -> Outcome:
             log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
             stack.add_environments(*spec.environment)
         try:
-            return _operate(run, spec, stack)
+            outcome = _operate(run, spec, stack)
+            if snapshot.operation == "up":
+                _export(run, spec, workspace, stack.name, outcome)
+            elif snapshot.operation == "destroy" and not snapshot.drift_check:
+                _remove_exported(run, spec)
+            return outcome
         finally:
             if run.cancellation.killed:
                 _unlock(run, spec, project.directory, {**run.process_env, **pulumi_env})
@@ -629,6 +649,64 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
         changes=normalize_changes(destroyed.summary.resource_changes),
         permalink=find_permalink(destroyed.stdout),
     )
+
+
+def _no_cluster_note(run: _Run) -> bool:
+    """True (after saying so) when there is nowhere to write spec.exportOutputs."""
+    if run.outputs_sink is not None:
+        return False
+    note = (
+        "spec.exportOutputs skipped: `pkobatch run` has no cluster to write the ConfigMap and "
+        "Secret to; they are written when the controller runs the Stack"
+    )
+    run.log.step(note)
+    run.notes.append(note)
+    return True
+
+
+def _export(
+    run: _Run, spec: StackSpec, workspace: RunnerWorkspace, stack_name: str, outcome: Outcome
+) -> None:
+    """Write the outputs of a successful ``up`` where spec.exportOutputs says."""
+    export = spec.export_outputs
+    if export is None or run.snapshot.drift_check or _no_cluster_note(run):
+        return
+    assert run.outputs_sink is not None
+    values = workspace.stack_outputs_with_secrets(stack_name)
+    plan = plan_export(export, outcome.outputs, values)
+    # Before anything else: from here on no secret value may reach a log or a message.
+    run.log.redactor.add(*hidden_values(outcome.outputs, values), *plan.secret.values())
+    for note in plan.notes:
+        run.log.step(note)
+    run.notes.extend(plan.notes)
+    objects = export_objects(export, plan, run.snapshot.stack)
+    try:
+        for body in objects:
+            run.outputs_sink.write(body)
+    except ExportFailed as error:
+        raise RunFailure(
+            "JobFailed", f"the stack was updated, but its outputs were not exported: {error}"
+        ) from None
+    run.log.step(
+        f"exported {len(plan.config_map)} plain output(s) and {len(plan.secret)} secret "
+        "output(s): " + ", ".join(f"{body['kind']} {body['metadata']['name']}" for body in objects)
+    )
+
+
+def _remove_exported(run: _Run, spec: StackSpec) -> None:
+    """After a successful destroy: delete the objects spec.exportOutputs names."""
+    export = spec.export_outputs
+    if export is None or _no_cluster_note(run):
+        return
+    assert run.outputs_sink is not None
+    try:
+        notes = [run.outputs_sink.remove(t, run.snapshot.stack) for t in export_targets(export)]
+    except ExportFailed as error:
+        raise RunFailure(
+            "JobFailed", f"the stack was destroyed, but its exported outputs remain: {error}"
+        ) from None
+    for note in notes:
+        run.log.step(note)
 
 
 def _unlock(run: _Run, spec: StackSpec, directory: Path, env: Mapping[str, str]) -> None:

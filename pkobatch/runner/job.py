@@ -9,7 +9,8 @@ Order matters for speed and for safety:
    itself a grace period before it (``Cancellation.stop_before``). The result's owner, the
    Job's UID, comes from the pod's environment (``PKOBATCH_JOB_UID``), so a Job the run cannot
    read (API unreachable, no RBAC) does not cost the result its owner;
-3. the run (``execute``), then the result ConfigMap, then the exit status.
+3. the run (``execute``, which also writes the objects of ``spec.exportOutputs``), then the
+   result ConfigMap, then the exit status.
 
 Exit status: 0 the run succeeded and its result was written; 1 it failed and its result was
 written; 3 no result could be written (the controller then records the Job's failure itself).
@@ -63,9 +64,17 @@ def run_job(
     log = RunLog(out, Redactor())
     writer = None
     reader = None
+    outputs_writer = None
     if snapshot.result_config_map:
         from pkobatch.kube.client import Kube  # the client is slow to import: off the hot path
-        from pkobatch.runner.report import ResultNotWritten, ResultWriter, job_deadline
+        from pkobatch.runner.report import (
+            OutputsWriter,
+            ResultNotWritten,
+            ResultWriter,
+            job_deadline,
+        )
+
+        outputs_writer = OutputsWriter(Kube.connect, snapshot.stack.namespace)
 
         writer = ResultWriter(
             Kube.connect,
@@ -87,7 +96,11 @@ def run_job(
         reader = threading.Thread(target=read_job, name="pkobatch-read-job", daemon=True)
         reader.start()
 
-    result = execute(snapshot, env, log, cancellation)
+    try:
+        result = execute(snapshot, env, log, cancellation, outputs_sink=outputs_writer)
+    finally:
+        if outputs_writer is not None:
+            outputs_writer.close()
     log.step(summary_line(result))
     status = EXIT_SUCCEEDED if result.state == "succeeded" else EXIT_FAILED
     if writer is None or reader is None:

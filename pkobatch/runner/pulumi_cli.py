@@ -14,7 +14,9 @@ SDK's typed errors) plus three things a Job needs:
 
 ``RunnerWorkspace`` reads stack outputs *masked* — one ``pulumi stack output --json``
 without ``--show-secrets`` — so secret outputs are ``"[secret]"`` at any depth and their
-plaintext never reaches the runner.
+plaintext never reaches the runner. The one exception is explicit:
+``stack_outputs_with_secrets``, called only to export outputs (``pkobatch.runner.exports``),
+whose caller registers every secret value with the run's redactor before anything else.
 """
 
 from __future__ import annotations
@@ -152,3 +154,11 @@ class RunnerWorkspace(LocalWorkspace):
             key: OutputValue(value=value, secret=value == SECRET_PLACEHOLDER)
             for key, value in masked.items()
         }
+
+    def stack_outputs_with_secrets(self, stack_name: str) -> dict[str, Any]:
+        """The outputs in plaintext (``--show-secrets``): only for ``spec.exportOutputs``."""
+        result = self._run_pulumi_cmd_sync(
+            ["stack", "output", "--json", "--show-secrets", "--stack", stack_name]
+        )
+        values: dict[str, Any] = json.loads(result.stdout or "{}")
+        return values

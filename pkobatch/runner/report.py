@@ -1,4 +1,5 @@
-"""The runner's Kubernetes calls: reading a large snapshot, writing the result ConfigMap.
+"""The runner's Kubernetes calls: reading a large snapshot, writing the result ConfigMap,
+writing and deleting the objects of ``spec.exportOutputs`` (``OutputsWriter``).
 
 The result ConfigMap is named after the Job, lives in its namespace, and is owned by the Job,
 so it goes when the Job goes. The Job's UID is not known before the Job exists: the pod gets it
@@ -22,16 +23,19 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from pkobatch.api.run import SNAPSHOT_KEY, RunResult, snapshot_sha256
+from pkobatch.api.run import SNAPSHOT_KEY, RunResult, StackRef, snapshot_sha256
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
+    SECRETS,
     AlreadyExists,
     Conflict,
     Kube,
     KubeError,
     NotFound,
+    Resource,
 )
+from pkobatch.runner.exports import ExportFailed, ExportTargetObject
 from pkobatch.runner.result import result_config_map, result_labels
 
 MAX_ATTEMPTS: Final = 6
@@ -39,6 +43,7 @@ FIRST_BACKOFF_SECONDS: Final = 0.5
 MAX_BACKOFF_SECONDS: Final = 8.0
 SNAPSHOT_WAIT_SECONDS: Final = 120.0
 RESULT_WRITE_SECONDS: Final = 300.0
+EXPORT_WRITE_SECONDS: Final = 120.0
 # Attempts when only time bounds the retries (the backoff is capped at MAX_BACKOFF_SECONDS).
 _UNTIL_TIME_RUNS_OUT: Final = 10_000
 _TRANSIENT_STATUSES: Final = frozenset({0, 429, 500, 502, 503, 504})
@@ -219,6 +224,99 @@ class ResultWriter:
         self._retrying(
             f"writing ConfigMap {self.namespace}/{self.name}", put, time_limit, _UNTIL_TIME_RUNS_OUT
         )
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def owned_by_stack(obj: dict[str, Any], stack: StackRef) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(owner.get("uid") == stack.uid for owner in owners)
+
+
+class OutputsWriter:
+    """Writes and deletes the ConfigMap and Secret of ``spec.exportOutputs``; an object of the
+    same name that the Stack does not own is never changed or deleted."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Kube],
+        namespace: str,
+        *,
+        time_limit: float = EXPORT_WRITE_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connection = _Connection(connect, sleep, clock)
+        self.namespace = namespace
+        self.time_limit = time_limit
+
+    @staticmethod
+    def _resource(kind: str) -> Resource:
+        return SECRETS if kind == "Secret" else CONFIGMAPS
+
+    def _retrying(self, what: str, call: Callable[[Kube], Any], verbs: str) -> Any:
+        try:
+            return self._connection.retrying(
+                call, self.time_limit, max_attempts=_UNTIL_TIME_RUNS_OUT
+            )
+        except ExportFailed:
+            raise
+        except KubeError as error:
+            raise ExportFailed(
+                f"{what}: {error.status} {error.reason} (the runner's RBAC needs {verbs})"
+            ) from None
+
+    def _not_owned(self, target: ExportTargetObject, stack: StackRef) -> str:
+        return (
+            f"{target.describe(self.namespace)} exists and is not owned by Stack {stack.name}: "
+            "pkobatch leaves it alone; delete it or name another object in spec.exportOutputs"
+        )
+
+    def write(self, body: dict[str, Any]) -> None:
+        metadata = body["metadata"]
+        target = ExportTargetObject(body["kind"], metadata["name"])
+        resource = self._resource(target.kind)
+        owner = metadata["ownerReferences"][0]
+        stack = StackRef(name=owner["name"], namespace=self.namespace, uid=owner["uid"])
+
+        def put(kube: Kube) -> None:
+            try:
+                kube.create(resource, body, self.namespace)
+                return
+            except AlreadyExists:
+                existing = kube.get(resource, target.name, self.namespace)
+            if not owned_by_stack(existing, stack):
+                raise ExportFailed(self._not_owned(target, stack))
+            replacement = {**body, "metadata": {**metadata}}
+            replacement["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            kube.replace(resource, replacement, self.namespace)
+
+        self._retrying(
+            f"writing {target.describe(self.namespace)}",
+            put,
+            f"create, get and update on {resource.plural}",
+        )
+
+    def remove(self, target: ExportTargetObject, stack: StackRef) -> str:
+        resource = self._resource(target.kind)
+
+        def delete(kube: Kube) -> str:
+            try:
+                existing = kube.get(resource, target.name, self.namespace)
+                if not owned_by_stack(existing, stack):
+                    return self._not_owned(target, stack)
+                kube.delete(resource, target.name, self.namespace, uid=existing["metadata"]["uid"])
+            except NotFound:
+                return f"{target.describe(self.namespace)} did not exist"
+            return f"deleted {target.describe(self.namespace)}"
+
+        note: str = self._retrying(
+            f"deleting {target.describe(self.namespace)}",
+            delete,
+            f"get and delete on {resource.plural}",
+        )
+        return note
 
     def close(self) -> None:
         self._connection.close()

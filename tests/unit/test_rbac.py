@@ -64,9 +64,13 @@ def test_controller_reads_secrets_only_by_name() -> None:
     assert secret_verbs == {"get", "create"}
 
 
-def test_runner_touches_no_secrets_and_no_stacks() -> None:
+def test_runner_touches_no_stacks_and_secrets_only_to_export_outputs() -> None:
+    """spec.exportOutputs writes one Secret (checked to be the Stack's before an update or a
+    delete); a run never lists or watches Secrets and never touches a Stack."""
     resources = {resource for _, resource, _ in RUNNER_API_CALLS}
-    assert resources.isdisjoint({"secrets", "stacks", "stacks/status"})
+    assert resources.isdisjoint({"stacks", "stacks/status"})
+    secret_verbs = {verb for _, resource, verb in RUNNER_API_CALLS if resource == "secrets"}
+    assert secret_verbs == {"create", "get", "update", "delete"}
 
 
 def test_own_namespace_resources_are_controller_calls() -> None:
