@@ -4,7 +4,8 @@ Two mechanisms work together:
 
 - **Pulumi's own masking.** Outputs are read with ``pulumi stack output --json`` *without*
   ``--show-secrets``: Pulumi replaces every secret, at any depth, with ``"[secret]"``, so the
-  runner never holds a secret output's plaintext at all.
+  result never holds a secret output's plaintext. Only ``spec.exportOutputs`` reads them in
+  plaintext, and registers each with the redactor first (``pkobatch.runner.exports``).
 - **Known values.** Every secret value the run was given (secret config, git credentials,
   environment variables the snapshot names as secret, Pulumi's own credentials) is replaced
   wherever it shows up: in program output, git and Pulumi error text, and inside output values

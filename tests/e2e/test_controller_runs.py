@@ -793,3 +793,75 @@ def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
     finally:
         laptop.terminate()
         laptop.wait(timeout=120)
+
+
+# ---------------------------------------------------------------------------------------
+# Outputs for other workloads (issue 12, item 4): spec.exportOutputs
+# ---------------------------------------------------------------------------------------
+
+
+def test_exported_outputs_reach_a_config_map_and_a_secret_and_go_with_a_destroy(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    export = {
+        "configMap": {"name": "app-outputs"},
+        "secret": {"name": "app-secret-outputs"},
+        "outputs": ["directory", "paths", "token"],
+        "keys": {"token": "TOKEN"},
+    }
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, exportOutputs=export))
+    stack = wait_stack(kube, namespace, "app", ready)
+    uid = stack["metadata"]["uid"]
+    assert stack["status"]["outputs"]["token"] == "[secret]"
+
+    config_map = kube.get(CONFIGMAPS, "app-outputs", namespace)
+    secret = kube.get(SECRETS, "app-secret-outputs", namespace)
+    for obj in (config_map, secret):
+        [owner] = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Stack", "app", uid)
+    assert config_map["data"]["directory"] == str(pulumi_env.files_dir)
+    paths = json.loads(config_map["data"]["paths"])
+    assert len(paths) == 2 and all(p.startswith(str(pulumi_env.files_dir)) for p in paths)
+    assert set(config_map["data"]) == {"directory", "paths"}
+    # The secret output (the sentinel of the `pulumi` Secret) is in the export Secret only.
+    token = secrets["pulumi"]["token"]
+    assert secret["type"] == "Opaque" and set(secret["data"]) == {"TOKEN"}
+    assert base64.b64decode(secret["data"]["TOKEN"]).decode() == token
+    [job] = stack_jobs(kube, namespace, "app")
+    places = {
+        "jobs": kube.list_objects(JOBS, namespace)[0],
+        "pods": kube.list_objects(PODS, namespace)[0],
+        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
+        "stacks (status)": [s.get("status") for s in kube.list_objects(STACKS, namespace)[0]],
+        "events": kube.list_objects(EVENTS, namespace)[0],
+        "the run's log": run_log(cluster, namespace, job["metadata"]["name"]),
+        "the controller's log": controller.log_text(),
+    }
+    for where, found in places.items():
+        text = found if isinstance(found, str) else json.dumps(found)
+        assert token not in text, f"the secret output is in {where}"
+    assert "exported 2 plain output(s) and 1 secret output(s)" in places["the run's log"]
+
+    stack = request(kube, namespace, "destroy:t1")
+    assert stack["status"]["operationRequest"]["state"] == "Succeeded"
+    assert last_update(stack)["type"] == "destroy" and last_update(stack)["state"] == "succeeded"
+    assert kube.get_or_none(CONFIGMAPS, "app-outputs", namespace) is None
+    assert kube.get_or_none(SECRETS, "app-secret-outputs", namespace) is None
+
+    # An object of that name that the Stack does not own is never overwritten: the run fails.
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-outputs"}}
+    kube.create(CONFIGMAPS, {**foreign, "data": {"mine": "yes"}}, namespace)
+    stack = request(kube, namespace, "up:t2")
+    assert last_update(stack)["type"] == "up" and last_update(stack)["state"] == "failed"
+    assert (
+        "ConfigMap " + namespace + "/app-outputs exists and is not owned by Stack app"
+        in (last_update(stack)["message"])
+    )
+    assert kube.get(CONFIGMAPS, "app-outputs", namespace)["data"] == {"mine": "yes"}

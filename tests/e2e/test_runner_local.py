@@ -140,6 +140,22 @@ def test_up_over_http_basic_auth_then_no_changes(
     assert (code, again.changes) == (0, {"same": 3})
 
 
+def test_export_outputs_without_a_cluster_is_skipped_with_a_note(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any
+) -> None:
+    repo = git_repo()
+    manifest = runs.manifest(
+        repo.http_url,
+        **basic_auth(git_server),
+        exportOutputs={"configMap": {"name": "out"}, "secret": {"name": "out-secret"}},
+    )
+    result, log, code = runs.run(manifest, secrets={"git/password": git_server.password})
+    assert (code, result.state) == (0, "succeeded"), result.message
+    note = "spec.exportOutputs skipped: `pkobatch run` has no cluster"
+    assert note in log and note in result.message
+    assert result.outputs["token"] == "[secret]"
+
+
 def test_up_over_http_with_a_token(
     runs: Runs, git_repo: Callable[..., Any], git_server: Any
 ) -> None:
