@@ -515,6 +515,33 @@ def run_log(cluster: Any, namespace: str, job: str) -> str:
     )
 
 
+def assert_not_leaked(
+    cluster: Any,
+    kube: Kube,
+    controller: ControllerProcess,
+    namespace: str,
+    job: str,
+    values: list[str],
+) -> str:
+    """Fails when one of ``values`` is in the namespace's Jobs, Pods, ConfigMaps, Stack
+    statuses or Events, the run's log or the controller's log; returns the run's log."""
+    log = run_log(cluster, namespace, job)
+    places = {
+        "jobs": kube.list_objects(JOBS, namespace)[0],
+        "pods": kube.list_objects(PODS, namespace)[0],
+        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
+        "stacks (status)": [s.get("status") for s in kube.list_objects(STACKS, namespace)[0]],
+        "events": kube.list_objects(EVENTS, namespace)[0],
+        "the run's log": log,
+        "the controller's log": controller.log_text(),
+    }
+    for where, found in places.items():
+        text = found if isinstance(found, str) else json.dumps(found)
+        for value in values:
+            assert value not in text, f"a secret value is in {where}"
+    return log
+
+
 def test_inline_secrets_reach_the_program_as_secrets_and_appear_nowhere_else(
     controller: ControllerProcess,
     cluster: Any,
@@ -539,20 +566,9 @@ def test_inline_secrets_reach_the_program_as_secrets_and_appear_nowhere_else(
 
     [job] = stack_jobs(kube, namespace, "app")
     name = job["metadata"]["name"]
-    planted = [INLINE_SENTINEL, git_server.password]
-    places = {
-        "jobs": kube.list_objects(JOBS, namespace)[0],
-        "pods": kube.list_objects(PODS, namespace)[0],
-        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
-        "stacks (status)": [s.get("status") for s in kube.list_objects(STACKS, namespace)[0]],
-        "events": kube.list_objects(EVENTS, namespace)[0],
-        "the run's log": run_log(cluster, namespace, name),
-        "the controller's log": controller.log_text(),
-    }
-    for where, found in places.items():
-        text = found if isinstance(found, str) else json.dumps(found)
-        for value in planted:
-            assert value not in text, f"a secret value is in {where}"
+    assert_not_leaked(
+        cluster, kube, controller, namespace, name, [INLINE_SENTINEL, git_server.password]
+    )
     # The values are in the run's Secret, owned by its Job: gone with the Job.
     run_secret = kube.get(SECRETS, f"{name}-secrets", namespace)
     assert run_secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
@@ -835,19 +851,8 @@ def test_exported_outputs_reach_a_config_map_and_a_secret_and_go_with_a_destroy(
     assert secret["type"] == "Opaque" and set(secret["data"]) == {"TOKEN"}
     assert base64.b64decode(secret["data"]["TOKEN"]).decode() == token
     [job] = stack_jobs(kube, namespace, "app")
-    places = {
-        "jobs": kube.list_objects(JOBS, namespace)[0],
-        "pods": kube.list_objects(PODS, namespace)[0],
-        "configmaps": kube.list_objects(CONFIGMAPS, namespace)[0],
-        "stacks (status)": [s.get("status") for s in kube.list_objects(STACKS, namespace)[0]],
-        "events": kube.list_objects(EVENTS, namespace)[0],
-        "the run's log": run_log(cluster, namespace, job["metadata"]["name"]),
-        "the controller's log": controller.log_text(),
-    }
-    for where, found in places.items():
-        text = found if isinstance(found, str) else json.dumps(found)
-        assert token not in text, f"the secret output is in {where}"
-    assert "exported 2 plain output(s) and 1 secret output(s)" in places["the run's log"]
+    log = assert_not_leaked(cluster, kube, controller, namespace, job["metadata"]["name"], [token])
+    assert "exported 2 plain output(s) and 1 secret output(s)" in log
 
     stack = request(kube, namespace, "destroy:t1")
     assert stack["status"]["operationRequest"]["state"] == "Succeeded"
