@@ -854,6 +854,16 @@ def test_exported_outputs_reach_a_config_map_and_a_secret_and_go_with_a_destroy(
     log = assert_not_leaked(cluster, kube, controller, namespace, job["metadata"]["name"], [token])
     assert "exported 2 plain output(s) and 1 secret output(s)" in log
 
+    # The next up updates the Stack's own objects in place.
+    spec = stack_spec(repo, pulumi_env, exportOutputs=export)
+    spec["config"]["files"] = "3"
+    apply_stack(kube, namespace, "app", spec)
+    wait_stack(kube, namespace, "app", lambda s: ready(s) and last_update(s)["generation"] == 2)
+    updated = kube.get(CONFIGMAPS, "app-outputs", namespace)
+    assert updated["metadata"]["uid"] == config_map["metadata"]["uid"]
+    assert len(json.loads(updated["data"]["paths"])) == 3
+    assert kube.get(SECRETS, "app-secret-outputs", namespace)["data"] == secret["data"]
+
     stack = request(kube, namespace, "destroy:t1")
     assert stack["status"]["operationRequest"]["state"] == "Succeeded"
     assert last_update(stack)["type"] == "destroy" and last_update(stack)["state"] == "succeeded"
