@@ -90,7 +90,7 @@ def test_every_alert_has_a_case_that_fires_and_one_that_does_not() -> None:
     ("alert", "old", "new"),
     [
         ("PkobatchStackFailing", ">= 2", ">= 3"),
-        ("PkobatchStackStalled", '{reason!="DestroyedOnRequest"}', ""),
+        ("PkobatchStackStalled", '{reason!~"DestroyedOnRequest|Suspended"}', ""),
         ("PkobatchNoLeader", "== 0", "< 2"),
     ],
 )
