@@ -12,7 +12,8 @@ from __future__ import annotations
 import click
 
 from pkobatch import __version__
-from pkobatch.cli.run import job_group, run_command
+from pkobatch.cli.job import job_group
+from pkobatch.cli.run import run_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})

@@ -1,7 +1,8 @@
-"""``pkobatch run`` (a Stack manifest on this machine) and ``pkobatch job run`` (inside a Job).
+"""``pkobatch run``: a Stack manifest on this machine.
 
-Both run the same runner (``pkobatch.runner``); they differ only in where the inputs come
-from and where the result goes.
+It runs the same runner (``pkobatch.runner``) as ``pkobatch job run`` inside a Job
+(``pkobatch.cli.job``); they differ only in where the inputs come from and where the result
+goes.
 """
 
 from __future__ import annotations
@@ -13,20 +14,14 @@ from pathlib import Path
 from typing import TextIO
 
 import click
-from pydantic import ValidationError
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from pkobatch.api.constants import OPERATIONS, Operation
-from pkobatch.api.run import (
-    SNAPSHOT_CONFIGMAP_FLAG,
-    SNAPSHOT_FLAG,
-    SNAPSHOT_SHA256_FLAG,
-    RunResult,
-    RunSnapshot,
-)
+from pkobatch.api.run import RunResult
+from pkobatch.cli.job import EXIT_USAGE
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.embedded import (
     LocalRunError,
@@ -35,11 +30,10 @@ from pkobatch.runner.embedded import (
     plan_local_run,
 )
 from pkobatch.runner.execute import execute, runner_only_env_names
-from pkobatch.runner.job import EXIT_FAILED, EXIT_SUCCEEDED, run_job
+from pkobatch.runner.job import EXIT_FAILED, EXIT_SUCCEEDED
 from pkobatch.runner.log import RunLog
 from pkobatch.runner.redact import Redactor
 
-EXIT_USAGE = 2
 _STATE_STYLE = {"succeeded": "green", "failed": "red"}
 
 
@@ -152,56 +146,3 @@ def run_command(
     else:
         render_result(result, Console())
     sys.exit(EXIT_SUCCEEDED if result.state == "succeeded" else EXIT_FAILED)
-
-
-@click.group("job")
-def job_group() -> None:
-    """Commands that run inside a run's Job (used by the controller, not by people)."""
-
-
-@job_group.command("run")
-@click.option(
-    SNAPSHOT_FLAG,
-    "snapshot",
-    envvar="PKOBATCH_SNAPSHOT",
-    help="The RunSnapshot JSON the controller's Job builder wrote.",
-)
-@click.option(
-    SNAPSHOT_CONFIGMAP_FLAG,
-    "snapshot_configmaps",
-    multiple=True,
-    metavar="NAMESPACE/NAME",
-    help="A ConfigMap holding the next part of a snapshot too large for --snapshot (repeatable).",
-)
-@click.option(
-    SNAPSHOT_SHA256_FLAG,
-    "snapshot_digest",
-    default="",
-    help="The SHA-256 of the snapshot in the --snapshot-configmap parts.",
-)
-def job_run_command(
-    snapshot: str | None, snapshot_configmaps: tuple[str, ...], snapshot_digest: str
-) -> None:
-    """Run one Stack operation and write its result ConfigMap.
-
-    Exit status 0 when the operation succeeded, 1 when it failed (the result says why), 2 for
-    an unreadable snapshot, 3 when the result could not be written.
-    """
-    if snapshot_configmaps:
-        from pkobatch.kube.client import Kube  # slow to import: only for a large snapshot
-        from pkobatch.runner.report import SnapshotUnreadable, read_snapshot
-
-        try:
-            snapshot = read_snapshot(Kube.connect, list(snapshot_configmaps), snapshot_digest)
-        except SnapshotUnreadable as error:
-            click.echo(f"error: the snapshot could not be read: {error}", err=True)
-            sys.exit(EXIT_USAGE)
-    if snapshot is None:
-        click.echo(f"error: give {SNAPSHOT_FLAG} or {SNAPSHOT_CONFIGMAP_FLAG}", err=True)
-        sys.exit(EXIT_USAGE)
-    try:
-        parsed = RunSnapshot.model_validate_json(snapshot)
-    except ValidationError as error:
-        click.echo(f"error: the snapshot is not a valid RunSnapshot:\n{error}", err=True)
-        sys.exit(EXIT_USAGE)
-    sys.exit(run_job(parsed))

@@ -151,8 +151,9 @@ def test_version_client_needs_no_cluster(runner: CliRunner) -> None:
 
 
 def test_the_console_script_has_the_user_commands_and_global_options() -> None:
-    from pkobatch.main import cli
+    from pkobatch.main import build_cli
 
+    cli = build_cli()
     assert {c.name for c in USER_COMMANDS} <= set(cli.commands)
     assert {"kubeconfig", "context", "namespace", "all_namespaces", "output"} <= {
         p.name for p in cli.params

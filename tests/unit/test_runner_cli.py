@@ -9,7 +9,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from pkobatch.api.run import RunResult, StackRef
-from pkobatch.cli.run import job_group, render_result, run_command
+from pkobatch.cli.job import job_group
+from pkobatch.cli.run import render_result, run_command
 from pkobatch.runner.job import summary_line
 
 
