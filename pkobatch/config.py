@@ -104,6 +104,18 @@ class Settings(BaseSettings):
     namespaces: CommaList = Field(default_factory=list, description="empty: all namespaces")
     label_selector: str = ""
     workers: int = Field(default=4, ge=1, le=256)
+    kube_qps: float = Field(
+        default=100.0,
+        gt=0,
+        description="API requests per second the controller may send, on average (client-go's "
+        "QPS; one token bucket shared by every request, watches included)",
+    )
+    kube_burst: int = Field(
+        default=200,
+        ge=1,
+        description="API requests the controller may send at once above kube_qps after a "
+        "quiet period (client-go's Burst)",
+    )
     max_active_jobs: int = Field(default=50, ge=1, description="cluster-wide cap on running Jobs")
     poll_interval: Duration = Field(
         default=timedelta(seconds=60),

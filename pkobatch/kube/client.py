@@ -13,6 +13,10 @@ Errors are mapped to a small exception hierarchy (``NotFound``, ``Conflict``,
 
 Watches ask for bookmarks and use a *read* timeout (not a total one), so a silently dropped
 connection ends the stream instead of hanging forever.
+
+A ``TokenBucket`` given to the client (the controller's ``PKOBATCH_KUBE_QPS`` /
+``PKOBATCH_KUBE_BURST``) is shared by every request it sends, watches included; the time
+each request waited for its token goes to the ``on_wait`` hook (metrics).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+
+from pkobatch.kube.ratelimit import TokenBucket
 
 JSON = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -214,6 +220,8 @@ def _error_from(status: int, body: bytes | str | None) -> KubeError:
 
 RequestHook = Callable[[str, str, int], None]
 """Called after every request with (method, path, status) — used for metrics."""
+WaitHook = Callable[[str, float], None]
+"""Called before every rate-limited request with (method, seconds waited for its token)."""
 
 
 @dataclass(frozen=True)
@@ -269,9 +277,18 @@ class WatchStream:
 class Kube:
     """A thin, thread-safe client for raw JSON requests against one cluster."""
 
-    def __init__(self, api_client: k8s_client.ApiClient, on_request: RequestHook | None = None):
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient,
+        on_request: RequestHook | None = None,
+        *,
+        rate_limiter: TokenBucket | None = None,
+        on_wait: WaitHook | None = None,
+    ):
         self._api = api_client
         self._on_request = on_request
+        self._rate_limiter = rate_limiter
+        self._on_wait = on_wait
 
     @classmethod
     def connect(
@@ -280,9 +297,13 @@ class Kube:
         context: str | None = None,
         on_request: RequestHook | None = None,
         qps_pool: int = 16,
+        *,
+        rate_limiter: TokenBucket | None = None,
+        on_wait: WaitHook | None = None,
     ) -> Kube:
         """In-cluster credentials when running in a pod (and no kubeconfig was named), else the
-        kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``). Without ``rate_limiter`` requests
+        are not limited (the CLI, tests)."""
         configuration = k8s_client.Configuration()
         try:
             if kubeconfig is None and context is None:
@@ -301,7 +322,12 @@ class Kube:
                 f"cannot load Kubernetes credentials ({exc}); pass --kubeconfig or set KUBECONFIG",
             ) from exc
         configuration.connection_pool_maxsize = qps_pool
-        return cls(k8s_client.ApiClient(configuration), on_request)
+        return cls(
+            k8s_client.ApiClient(configuration),
+            on_request,
+            rate_limiter=rate_limiter,
+            on_wait=on_wait,
+        )
 
     @property
     def host(self) -> str:
@@ -311,6 +337,13 @@ class Kube:
         self._api.close()
 
     # -- raw requests -------------------------------------------------------------------
+
+    def _throttle(self, method: str) -> None:
+        if self._rate_limiter is None:
+            return
+        waited = self._rate_limiter.wait()
+        if self._on_wait:
+            self._on_wait(method, waited)
 
     def _send(
         self,
@@ -338,6 +371,7 @@ class Kube:
         )
         if params:
             url += "?" + urlencode(params)
+        self._throttle(method)
         try:
             response = self._api.call_api(
                 method, url, header_params=header_params, body=serialized, _request_timeout=timeout
@@ -529,6 +563,7 @@ class Kube:
         params = {k: v for k, v in query.items() if v is not None}
         if params:
             url += "?" + urlencode(params)
+        self._throttle(method_label)
         try:
             response = self._api.rest_client.pool_manager.request(
                 "GET",

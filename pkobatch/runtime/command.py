@@ -17,6 +17,7 @@ import click
 
 from pkobatch.config import SettingsInvalid, load_settings
 from pkobatch.kube.client import Kube, KubeError
+from pkobatch.kube.ratelimit import TokenBucket
 from pkobatch.runtime.logs import setup_logging
 from pkobatch.runtime.manager import Manager
 from pkobatch.runtime.metrics import Metrics
@@ -32,6 +33,16 @@ log = logging.getLogger(__name__)
 )
 @click.option("--label-selector", help="only Stacks matching it [env PKOBATCH_LABEL_SELECTOR]")
 @click.option("--workers", type=int, help="concurrent reconciles [env PKOBATCH_WORKERS; 4]")
+@click.option(
+    "--kube-qps",
+    type=float,
+    help="average API requests per second [env PKOBATCH_KUBE_QPS; 100]",
+)
+@click.option(
+    "--kube-burst",
+    type=int,
+    help="API requests allowed at once above the average [env PKOBATCH_KUBE_BURST; 200]",
+)
 @click.option(
     "--max-active-jobs",
     type=int,
@@ -77,6 +88,8 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
             on_request=metrics.request_done,
             # A connection per worker plus one per watch (three kinds per namespace).
             qps_pool=settings.workers + 3 * max(1, len(settings.namespaces)) + 4,
+            rate_limiter=TokenBucket(settings.kube_qps, settings.kube_burst),
+            on_wait=metrics.rate_limiter_waited,
         )
     except KubeError as exc:
         log.error("cannot connect to the Kubernetes API: %s", exc)

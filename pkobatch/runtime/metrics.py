@@ -57,6 +57,8 @@ RECONCILE_BUCKETS: Final = (
 )
 # client-go's workqueue buckets: 10 ns x 10^i, 12 buckets.
 WORKQUEUE_BUCKETS: Final = tuple(1e-8 * 10**i for i in range(12))
+# client-go's rest_client_rate_limiter_duration_seconds buckets.
+RATE_LIMITER_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 OPERATION_BUCKETS: Final = (5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
 
@@ -180,6 +182,13 @@ class Metrics:
             ["code", "method", "host"],
             registry=registry,
         )
+        self._rate_limiter_wait = Histogram(
+            "rest_client_rate_limiter_duration_seconds",
+            "Client side rate limiter latency in seconds. Broken down by verb, and host.",
+            ["verb", "host"],
+            buckets=RATE_LIMITER_BUCKETS,
+            registry=registry,
+        )
         self._watch_restarts = Counter(
             "pkobatch_watch_restarts_total",
             "Watches restarted, by resource and reason (expired, error, closed)",
@@ -249,6 +258,11 @@ class Metrics:
         code = str(status) if status else "<error>"
         method = "GET" if method == "WATCH" else method
         self._rest_requests.labels(code, method, self.api_host).inc()
+
+    def rate_limiter_waited(self, method: str, seconds: float) -> None:
+        """The ``Kube`` wait hook: how long a request waited for its rate-limit token."""
+        verb = "GET" if method == "WATCH" else method
+        self._rate_limiter_wait.labels(verb, self.api_host).observe(seconds)
 
     def set_api_server(self, url: str) -> None:
         self.api_host = urlsplit(url).netloc or url

@@ -19,6 +19,9 @@ from pkobatch.runtime.command import controller_command
         # The documented lower bound of the polling interval is enforced.
         ([], {"PKOBATCH_POLL_INTERVAL": "500ms"}, "PKOBATCH_POLL_INTERVAL"),
         ([], {"PKOBATCH_POLL_INTERVAL": "0s"}, "PKOBATCH_POLL_INTERVAL"),
+        # A rate limit that would never let a request through is refused.
+        ([], {"PKOBATCH_KUBE_QPS": "0"}, "PKOBATCH_KUBE_QPS"),
+        (["--kube-burst", "0"], {}, "PKOBATCH_KUBE_BURST"),
     ],
 )
 def test_invalid_settings_exit_2_with_the_variable_named(

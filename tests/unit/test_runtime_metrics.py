@@ -158,6 +158,21 @@ def test_requests_are_counted_by_code_method_and_host() -> None:
     )
 
 
+def test_rate_limiter_waits_are_a_histogram_by_verb_and_host() -> None:
+    metrics = Metrics()
+    metrics.set_api_server("https://10.0.0.1:6443")
+    metrics.rate_limiter_waited("WATCH", 0.0)
+    metrics.rate_limiter_waited("PATCH", 0.3)
+    metrics.rate_limiter_waited("PATCH", 0.2)
+    labels = {"verb": "PATCH", "host": "10.0.0.1:6443"}
+    sample = metrics.registry.get_sample_value
+    assert sample("rest_client_rate_limiter_duration_seconds_count", labels) == 2.0
+    assert sample("rest_client_rate_limiter_duration_seconds_sum", labels) == 0.5
+    assert (
+        sample("rest_client_rate_limiter_duration_seconds_count", {**labels, "verb": "GET"}) == 1.0
+    )
+
+
 def test_operation_metrics_are_preinitialised_and_recorded() -> None:
     metrics = Metrics()
     labels = {"operation": "up", "result": "succeeded"}

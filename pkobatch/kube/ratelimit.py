@@ -1,0 +1,58 @@
+"""Client-side rate limiting of API requests: client-go's token bucket (``QPS`` and ``Burst``).
+
+Every request of one ``Kube`` — reads, writes, list pages and the start of each watch — takes
+one token before it is sent. The bucket holds at most ``burst`` tokens and refills at ``qps``
+tokens per second, so over any window of ``t`` seconds at most ``burst + qps * t`` requests
+leave the process, however many threads ask. This protects the API server when thousands of
+Stacks change at once (a new commit on a shared branch, a controller restart).
+
+Tokens are *reserved* under the lock and waited for outside it: callers are served in the
+order they asked, and a waiting thread never blocks the others from reserving theirs
+(``golang.org/x/time/rate``'s ``Reserve`` + sleep, which client-go uses).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """``qps`` tokens per second, at most ``burst`` saved up; starts full."""
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if qps <= 0:
+            raise ValueError(f"qps must be positive, got {qps}")
+        if burst < 1:
+            raise ValueError(f"burst must be at least 1, got {burst}")
+        self.qps = float(qps)
+        self.burst = burst
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = float(burst)
+        self._updated = clock()
+
+    def reserve(self) -> float:
+        """Take one token now, possibly going into debt; the seconds until it is covered."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.qps)
+            self._updated = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def wait(self) -> float:
+        """Block until this caller's token is available; returns the seconds waited."""
+        delay = self.reserve()
+        if delay > 0:
+            self._sleep(delay)
+        return delay

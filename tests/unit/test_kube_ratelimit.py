@@ -1,0 +1,166 @@
+"""The client-side token bucket, alone (a fake clock) and in front of every request of a
+``Kube`` (a loopback HTTP server standing in for the API server's answers)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from pkobatch.kube.client import CONFIGMAPS, Kube
+from pkobatch.kube.ratelimit import TokenBucket
+
+
+class FakeClock:
+    """Time that moves only when someone sleeps (or the test advances it)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def bucket(qps: float, burst: int, clock: FakeClock) -> TokenBucket:
+    return TokenBucket(qps, burst, clock=clock, sleep=clock.sleep)
+
+
+def test_a_full_bucket_lets_burst_requests_through_then_spaces_them_at_qps() -> None:
+    clock = FakeClock()
+    limiter = bucket(10, 3, clock)
+    waits = [limiter.wait() for _ in range(6)]
+    assert waits == pytest.approx([0, 0, 0, 0.1, 0.2, 0.3])
+    assert clock.slept == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_tokens_refill_with_time_but_never_beyond_burst() -> None:
+    clock = FakeClock()
+    limiter = bucket(5, 2, clock)
+    assert [limiter.wait(), limiter.wait()] == [0, 0]
+    clock.now += 0.2  # one token back
+    assert limiter.wait() == 0
+    assert limiter.wait() == pytest.approx(0.2)
+    clock.now += 3600  # a long quiet spell saves up only `burst` tokens
+    assert [limiter.wait(), limiter.wait()] == [0, 0]
+    assert limiter.wait() == pytest.approx(0.2)
+
+
+def test_over_any_window_at_most_burst_plus_qps_times_its_length_are_granted() -> None:
+    clock = FakeClock()
+    limiter = bucket(5, 10, clock)
+    grants = []
+    for _ in range(500):  # 500 callers asking at once, as after a burst of edits
+        grants.append(clock.now + limiter.reserve())
+    start = grants[0]
+    for window in (1.0, 10.0, 60.0):
+        granted = sum(1 for at in grants if at <= start + window)
+        assert granted <= 10 + 5 * window
+    assert grants[-1] - start == pytest.approx((500 - 10) / 5)
+
+
+def test_threads_share_one_bucket() -> None:
+    limiter = TokenBucket(1000, 1)
+    waits: list[float] = []
+    lock = threading.Lock()
+
+    def ask() -> None:
+        for _ in range(25):
+            waited = limiter.wait()
+            with lock:
+                waits.append(waited)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # 100 requests through a 1-token bucket: all but the first waited for their token.
+    assert len(waits) == 100
+    assert sum(1 for waited in waits if waited > 0) >= 99
+
+
+@pytest.mark.parametrize(("qps", "burst"), [(0, 1), (-1, 1), (1, 0)])
+def test_a_bucket_that_would_never_grant_is_refused(qps: float, burst: int) -> None:
+    with pytest.raises(ValueError):
+        TokenBucket(qps, burst)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if "watch=true" in self.path:
+            body = json.dumps({"type": "BOOKMARK", "object": {"metadata": {}}}).encode() + b"\n"
+        else:
+            body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path) -> Iterator[Path]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    yield path
+    server.shutdown()
+    server.server_close()
+
+
+def test_every_request_of_a_client_takes_a_token_and_reports_its_wait(kubeconfig: Path) -> None:
+    clock = FakeClock()
+    waited: list[tuple[str, float]] = []
+    kube = Kube.connect(
+        str(kubeconfig),
+        rate_limiter=bucket(10, 2, clock),
+        on_wait=lambda method, seconds: waited.append((method, seconds)),
+    )
+    try:
+        kube.list_objects(CONFIGMAPS, "ns")
+        kube.get_or_none(CONFIGMAPS, "a", "ns")
+        kube.request("GET", CONFIGMAPS.path("ns"))
+        events = list(kube.watch(CONFIGMAPS, "ns", timeout_seconds=1))
+    finally:
+        kube.close()
+    assert [event.type for event in events] == ["BOOKMARK"]
+    assert [method for method, _ in waited] == ["GET", "GET", "GET", "WATCH"]
+    assert [seconds for _, seconds in waited] == pytest.approx([0, 0, 0.1, 0.2])
+    assert clock.slept == pytest.approx([0.1, 0.2])
+
+
+def test_a_client_without_a_limiter_never_waits(kubeconfig: Path) -> None:
+    waited: list[tuple[str, float]] = []
+    kube = Kube.connect(str(kubeconfig), on_wait=lambda m, s: waited.append((m, s)))
+    try:
+        for _ in range(5):
+            kube.list_objects(CONFIGMAPS, "ns")
+    finally:
+        kube.close()
+    assert waited == []
