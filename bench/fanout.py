@@ -324,6 +324,7 @@ def run_baseline(kube: Any, count: int) -> tuple[float, float]:
 def controller_process(
     kubeconfig: Path, count: int, work: Path
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    from pkobatch.dev.environment import controller_argv
     from pkobatch.dev.processes import free_port
 
     port = free_port()
@@ -335,22 +336,13 @@ def controller_process(
     }
     log = (work / "controller.log").open("wb")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pkobatch.main",
-            "controller",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespaces",
-            BENCH_NS,
-            "--metrics-addr",
-            f"127.0.0.1:{port}",
-            "--health-addr",
-            "0",
-            "--workers",
-            "8",
-        ],
+        controller_argv(
+            kubeconfig=kubeconfig,
+            namespaces=BENCH_NS,
+            metrics_addr=f"127.0.0.1:{port}",
+            health_addr="0",
+            workers=8,
+        ),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -486,8 +478,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
 
-    from pkobatch.dev.controlplane import ControlPlane, default_crds_dir
-    from pkobatch.dev.node_agent import NodeAgent
+    from pkobatch.dev.controlplane import default_crds_dir
+    from pkobatch.dev.environment import dev_environment
     from pkobatch.dev.tools import ToolsMissing, find_tools
     from pkobatch.kube.client import Kube
 
@@ -498,17 +490,12 @@ def main() -> None:
     count = args.stacks
     with tempfile.TemporaryDirectory(prefix="pkobatch-fanout-") as tmp:
         work = Path(tmp)
-        with ControlPlane(work / "cluster", tools, crds_dir=default_crds_dir()) as plane:
+        with dev_environment(
+            work / "cluster", tools, crds_dir=default_crds_dir(), max_pods=args.pods
+        ) as environment:
+            plane = environment.control_plane
             tally = Tally()
             kube = Kube.connect(str(plane.kubeconfig), on_request=tally.hook, qps_pool=16)
-            agent = NodeAgent(
-                plane.admin(),
-                server=plane.server,
-                ca_pem=plane.ca_file.read_bytes(),
-                state_dir=work / "cluster",
-                max_running=args.pods,
-            )
-            agent.start()
             try:
                 prepare_namespaces(kube)
                 say(f"fan-out of {count} Stacks (node agent runs {args.pods} pods at once)")
@@ -523,7 +510,6 @@ def main() -> None:
 
                 measure_controller(kube, tally, plane.kubeconfig, count, args, work, baseline_rate)
             finally:
-                agent.stop()
                 kube.close()
 
 

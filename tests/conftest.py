@@ -125,6 +125,7 @@ from sentinels import sentinel_session as sentinel_session
 
 from pkobatch.dev import processes
 from pkobatch.dev.controlplane import ControlPlane, default_crds_dir, install_crds
+from pkobatch.dev.environment import dev_environment
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import (
     PULUMI_PLUGINS,
@@ -257,30 +258,14 @@ def fresh_cluster(
 def _cluster(
     state: Path, tools: Tools, leaks: list[Leak], *, crds_dir: Path | None = None
 ) -> Iterator[Cluster]:
-    control_plane = ControlPlane(state, tools, crds_dir=crds_dir)
-    control_plane.start()
-    kube = control_plane.admin()
     pulumi_path = tools.pulumi_path()
-    agent = NodeAgent(
-        kube,
-        server=control_plane.server,
-        ca_pem=control_plane.ca_file.read_bytes(),
-        state_dir=state,
-        path_prefix=pulumi_path,
-        image_paths={PULUMI_IMAGE: pulumi_path},
-        max_running=8,
-        kubelet_tls=control_plane.kubelet_tls,
-    )
-    try:
-        agent.start()
-        result = Cluster(control_plane, agent, kube, tools)
+    with dev_environment(
+        state, tools, crds_dir=crds_dir, max_pods=8, image_paths={PULUMI_IMAGE: pulumi_path}
+    ) as environment:
+        result = Cluster(environment.control_plane, environment.agent, environment.kube, tools)
         yield result
-        leaks.extend(scan_objects(kube, planted()))
+        leaks.extend(scan_objects(environment.kube, planted()))
         result.close()
-    finally:
-        agent.stop()
-        kube.close()
-        control_plane.stop()
 
 
 @pytest.fixture

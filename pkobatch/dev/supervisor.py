@@ -27,10 +27,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from pkobatch.dev import processes
 from pkobatch.dev.controlplane import (
@@ -39,7 +38,13 @@ from pkobatch.dev.controlplane import (
     ControlPlaneError,
     default_crds_dir,
 )
-from pkobatch.dev.node_agent import NodeAgent
+from pkobatch.dev.environment import (
+    LOCAL_JOB_COMMAND,
+    DevEnvironment,
+    controller_argv,
+    dev_environment,
+    teardown,
+)
 from pkobatch.dev.tools import available_tools, find_tools
 
 STATE_ENV: Final = "PKOBATCH_DEV_STATE"
@@ -95,7 +100,7 @@ def controller_env(paths: DevPaths, kubeconfig: Path) -> dict[str, str]:
         {
             "KUBECONFIG": str(kubeconfig),
             "PKOBATCH_KUBECONFIG": str(kubeconfig),
-            "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+            "PKOBATCH_JOB__COMMAND": LOCAL_JOB_COMMAND,
             "PKOBATCH_METRICS_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_HEALTH_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_LOG_FORMAT": "text",
@@ -141,44 +146,56 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     status: dict[str, Any] = {"state": "starting", "pid": os.getpid(), "stateDir": str(root)}
     _write_status(paths, status)
-    control_plane: ControlPlane | None = None
-    agent: NodeAgent | None = None
-    controller: subprocess.Popen[bytes] | None = None
     try:
         find_tools(("etcd", "kubernetes"))
         tools = available_tools()
-        control_plane = ControlPlane(root, tools, crds_dir=default_crds_dir())
-        control_plane.start()
-        kube = control_plane.admin()
-        agent = NodeAgent(
-            kube,
-            server=control_plane.server,
-            ca_pem=control_plane.ca_file.read_bytes(),
-            state_dir=root,
-            path_prefix=tools.pulumi_path(),
-            max_running=max_pods,
-            kubelet_tls=control_plane.kubelet_tls,
+        with dev_environment(
+            root, tools, crds_dir=default_crds_dir(), max_pods=max_pods
+        ) as environment:
+            _supervise(environment, paths, status, with_controller=with_controller)
+    except (KeyboardInterrupt, SystemExit):
+        return 0
+    except Exception as exc:
+        log.exception("pkobatch dev: supervisor failed")
+        status.update({"state": "failed", "error": str(exc)})
+        _write_status(paths, status)
+        return 1
+    finally:
+        if status.get("state") != "failed":
+            status["state"] = "stopped"
+        status.pop("runningPods", None)
+        teardown([("writing the final status", lambda: _write_status(paths, status))])
+        with contextlib.suppress(OSError):
+            paths.pid_file.unlink()
+    return 0
+
+
+def _supervise(
+    environment: DevEnvironment, paths: DevPaths, status: dict[str, Any], *, with_controller: bool
+) -> NoReturn:
+    """Keep the environment (and the controller) running; returns only by an exception."""
+    control_plane, tools = environment.control_plane, environment.tools
+    status.update(
+        {
+            "state": "running",
+            "server": control_plane.server,
+            "kubeconfig": str(control_plane.kubeconfig),
+            "podLogDir": str(paths.pod_log_dir),
+            "components": control_plane.pids,
+            "pulumi": str(tools.pulumi) if tools.pulumi else None,
+            "startedAt": datetime.datetime.now(datetime.UTC).isoformat(),
+            "controller": {"state": "disabled"},
+        }
+    )
+    controller: subprocess.Popen[bytes] | None = None
+    if with_controller:
+        controller = processes.spawn(
+            controller_argv(),
+            log=paths.controller_log,
+            env=controller_env(paths, control_plane.kubeconfig),
         )
-        agent.start()
-        status.update(
-            {
-                "state": "running",
-                "server": control_plane.server,
-                "kubeconfig": str(control_plane.kubeconfig),
-                "podLogDir": str(paths.pod_log_dir),
-                "components": control_plane.pids,
-                "pulumi": str(tools.pulumi) if tools.pulumi else None,
-                "startedAt": datetime.datetime.now(datetime.UTC).isoformat(),
-                "controller": {"state": "disabled"},
-            }
-        )
-        if with_controller:
-            controller = processes.spawn(
-                [sys.executable, "-m", "pkobatch.main", "controller"],
-                log=paths.controller_log,
-                env=controller_env(paths, control_plane.kubeconfig),
-            )
-            status["controller"] = {"state": "running", "pid": controller.pid}
+        status["controller"] = {"state": "running", "pid": controller.pid}
+    try:
         _write_status(paths, status)
         components = _ComponentKeeper(control_plane, status)
         while True:
@@ -192,38 +209,13 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
                 processes.forget(controller)
                 controller = None
                 _write_status(paths, status)
-            status["runningPods"] = agent.running()
+            status["runningPods"] = environment.agent.running()
             _write_status(paths, status)
             time.sleep(1.0)
-    except (KeyboardInterrupt, SystemExit):
-        return 0
-    except Exception as exc:
-        log.exception("pkobatch dev: supervisor failed")
-        status.update({"state": "failed", "error": str(exc)})
-        _write_status(paths, status)
-        return 1
     finally:
-        # Each step runs whatever the one before did: a teardown that stops half-way
-        # leaves processes behind.
         if controller is not None:
-            _teardown_step("stopping the controller", lambda: processes.stop(controller, 10))
-        if agent is not None:
-            _teardown_step("stopping the node agent", agent.stop)
-        if control_plane is not None:
-            _teardown_step("stopping the control plane", control_plane.stop)
-        if status.get("state") != "failed":
-            status["state"] = "stopped"
-        status.pop("runningPods", None)
-        _teardown_step("writing the final status", lambda: _write_status(paths, status))
-        with contextlib.suppress(OSError):
-            paths.pid_file.unlink()
-
-
-def _teardown_step(what: str, step: Callable[[], object]) -> None:
-    try:
-        step()
-    except Exception:
-        log.exception("pkobatch dev: %s failed; going on with the teardown", what)
+            running = controller
+            teardown([("stopping the controller", lambda: processes.stop(running, 10))])
 
 
 class _ComponentKeeper:
