@@ -417,6 +417,76 @@ class ExportOutputs(_Model):
         return self
 
 
+# Notification events (docs/notifications.md), in the order the docs list them.
+NotificationEvent = Literal[
+    "run-failed", "run-recovered", "drift-detected", "approval-pending", "stalled", "destroyed"
+]
+NOTIFICATION_EVENTS: Final[tuple[NotificationEvent, ...]] = (
+    "run-failed",
+    "run-recovered",
+    "drift-detected",
+    "approval-pending",
+    "stalled",
+    "destroyed",
+)
+# A receiver's name is a key of status.notifications.pending entries and a metric label.
+RECEIVER_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class NotificationSecretRef(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Secret in the Stack's namespace with key 'url' (the receiver's URL) and, "
+        "for a webhook, optional key 'signingKey' (the HMAC-SHA256 key).",
+    )
+
+
+class NotificationReceiver(_Model):
+    """Where notifications go; the URL and key come only from the Secret."""
+
+    name: Annotated[str, CrdHint(extra={"pattern": RECEIVER_NAME_PATTERN})] = Field(
+        min_length=1, max_length=63, description="Name of the receiver (unique in the list)."
+    )
+    type: Literal["webhook", "slack"] = Field(
+        description="webhook: JSON body, signed when the Secret has a signingKey; slack: a "
+        'Slack-compatible incoming webhook ({"text": ...}).'
+    )
+    secret_ref: NotificationSecretRef = Field(description="The Secret with the URL (and key).")
+    events: list[NotificationEvent] | None = Field(
+        default=None, description="The events this receiver gets (default: the list's events)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not re.fullmatch(RECEIVER_NAME_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a valid receiver name: use lower-case letters, digits and "
+                "'-', starting and ending with a letter or digit"
+            )
+        return value
+
+
+class Notifications(_Model):
+    """Receivers of a Stack's events; replaces the namespace default when set."""
+
+    receivers: list[NotificationReceiver] = Field(
+        description="The receivers (an empty list turns the namespace default off)."
+    )
+    events: list[NotificationEvent] | None = Field(
+        default=None, description="The events sent (default: all of them)."
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Notifications:
+        names = [receiver.name for receiver in self.receivers]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"receiver names must be unique: {', '.join(repeated)} repeated")
+        return self
+
+
 # ---------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------
@@ -430,6 +500,7 @@ EXTENSION_FIELDS: Final = (
     "timeoutSeconds",
     "jobTemplate",
     "exportOutputs",
+    "notifications",
 )
 # Alias dialect: alias wire name -> canonical wire name (see normalize_spec).
 SPEC_ALIASES: Final[Mapping[str, str]] = {
@@ -604,6 +675,11 @@ class StackSpec(_Model):
         description="pkobatch: write the outputs to a ConfigMap (plain) and a Secret (secret) "
         "after each successful up; deleted after a destroy.",
     )
+    notifications: Notifications | None = Field(
+        default=None,
+        description="pkobatch: receivers of this Stack's events (run failed, recovered, drift "
+        "detected, approval pending, stalled, destroyed); replaces the namespace default.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -734,6 +810,30 @@ class DriftCheckStatus(_Model):
     message: str | None = Field(default=None, description="Error of a failed check.")
 
 
+class PendingNotification(_Model):
+    """pkobatch: an event not yet delivered to every receiver (written with the status
+    change that caused it, removed per receiver after delivery or after the last retry)."""
+
+    event: NotificationEvent = Field(description="The event kind.")
+    time: LooseTime = Field(description="When the event happened.")
+    summary: Annotated[str, CrdHint(extra={"maxLength": 1024})] = Field(
+        description="One line about the event."
+    )
+    run: str | None = Field(default=None, description="The run (Job) the event is about.")
+    operation: str | None = Field(default=None, description="The run's operation.")
+    receivers: dict[str, str] = Field(
+        description="Receiver name -> type, for the receivers still to be sent to."
+    )
+
+
+class NotificationsStatus(_Model):
+    """pkobatch: delivery state of spec.notifications (docs/notifications.md)."""
+
+    pending: dict[str, PendingNotification] | None = Field(
+        default=None, description="Event id -> the event, while some receiver still awaits it."
+    )
+
+
 class StackStatus(_Model):
     observed_generation: Int64 | None = Field(
         default=None, description="Generation last processed."
@@ -768,6 +868,9 @@ class StackStatus(_Model):
     )
     last_drift_check: DriftCheckStatus | None = Field(
         default=None, description="pkobatch: the last drift check."
+    )
+    notifications: NotificationsStatus | None = Field(
+        default=None, description="pkobatch: notifications not yet delivered."
     )
 
 

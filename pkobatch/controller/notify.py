@@ -1,0 +1,395 @@
+"""Notifications: which events a status change is, who gets them, and what is sent (pure).
+
+The I/O shell is ``pkobatch.controller.delivery``; docs/notifications.md is the user's view.
+
+**Events are transitions.** ``occurrences(old, new)`` compares a Stack's status before and
+after one reconcile and names what happened: a run failed, a run succeeded after a failure
+(``run-recovered``), a destroy succeeded, the ``Drifted`` condition became True, the
+``Stalled`` condition became True (or changed its reason; never for ``Suspended``, a hold
+the user asked for). Each occurrence has an id derived from what it is about — the run's
+Job name, or the condition's reason and transition time — so deciding the same transition
+again (a reconcile retried after a conflict) gives the same id.
+
+**Durability is an outbox in the status.** ``with_pending`` adds the occurrences, with the
+receivers that must get them, to ``status.notifications.pending`` in the same status write
+as the change itself: the event and the fact that it must be sent are stored together or
+not at all. The delivery worker removes a receiver from an entry after delivering to it (or
+after its last retry), and the entry once no receiver is left. A restarted controller finds
+the entries still pending and sends them; an entry delivered before the restart is gone, so
+it is not sent again. The one window left is a crash between a receiver's ``2xx`` and the
+status write that records it: that message is sent again, with the same
+``X-Pkobatch-Delivery`` id, so a receiver can drop the repeat.
+
+A Stack being deleted is released in the reconcile that folds its destroy, so its status is
+never written again: its ``destroyed`` event is delivered from memory only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
+from pkobatch.api.messages import bound_message
+from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
+from pkobatch.controller.fold import format_time
+
+JSON = dict[str, Any]
+
+# The namespace default: a ConfigMap with this label, its receivers under this key.
+NAMESPACE_DEFAULT_LABEL: Final = "pkobatch.io/notifications"
+NAMESPACE_DEFAULT_LABEL_VALUE: Final = "default"
+NAMESPACE_DEFAULT_KEY: Final = "notifications.yaml"
+# Keys of a receiver's Secret.
+URL_KEY: Final = "url"
+SIGNING_KEY_KEY: Final = "signingKey"
+SIGNATURE_HEADER: Final = "X-Pkobatch-Signature"
+EVENT_HEADER: Final = "X-Pkobatch-Event"
+DELIVERY_HEADER: Final = "X-Pkobatch-Delivery"
+BODY_KIND: Final = "pkobatch.io/notification"
+BODY_VERSION: Final = 1
+# Undelivered events kept per Stack; the oldest go first (a receiver down for days must
+# not grow the status without bound).
+MAX_PENDING: Final = 20
+MAX_SUMMARY_CHARS: Final = 1024
+
+Verdict = Literal["sent", "retry", "failed"]
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One event that happened to a Stack."""
+
+    id: str
+    event: NotificationEvent
+    time: str
+    summary: str
+    run: str = ""
+    operation: str = ""
+
+
+@dataclass(frozen=True)
+class Receiver:
+    name: str
+    type: Literal["webhook", "slack"]
+    secret: str
+
+
+# -- which events -------------------------------------------------------------------------
+
+
+def _condition(status: Mapping[str, Any], condition_type: str) -> Mapping[str, Any]:
+    for condition in status.get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == condition_type:
+            return condition
+    return {}
+
+
+def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
+    before = old.get("lastUpdate") or {}
+    after = new.get("lastUpdate") or {}
+    name = str(after.get("name") or "")
+    if not name or (before.get("name"), before.get("state")) == (name, after.get("state")):
+        return []
+    operation = str(after.get("type") or "")
+    time = str(after.get("lastResyncTime") or now)
+    if after.get("state") == "failed":
+        message = str(after.get("message") or "")
+        return [
+            Occurrence(
+                f"run-failed/{name}",
+                "run-failed",
+                time,
+                f"{operation} {name} failed: {message}",
+                name,
+                operation,
+            )
+        ]
+    if after.get("state") != "succeeded":
+        return []
+    found = []
+    if before.get("state") == "failed":
+        found.append(
+            Occurrence(
+                f"run-recovered/{name}",
+                "run-recovered",
+                time,
+                f"{operation} {name} succeeded after {before.get('type')} "
+                f"{before.get('name')} failed",
+                name,
+                operation,
+            )
+        )
+    if operation == "destroy":
+        found.append(
+            Occurrence(
+                f"destroyed/{name}",
+                "destroyed",
+                time,
+                f"the stack's resources were destroyed by {name}",
+                name,
+                operation,
+            )
+        )
+    return found
+
+
+def _drift_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
+    before = _condition(old, CONDITION_DRIFTED)
+    after = _condition(new, CONDITION_DRIFTED)
+    if after.get("status") != "True" or before.get("status") == "True":
+        return []
+    check = new.get("lastDriftCheck") or {}
+    name = str(check.get("name") or "")
+    time = str(check.get("time") or after.get("lastTransitionTime") or now)
+    return [
+        Occurrence(
+            f"drift-detected/{name or after.get('lastTransitionTime')}",
+            "drift-detected",
+            time,
+            str(after.get("message") or "drift detected"),
+            name,
+            "refresh" if name else "",
+        )
+    ]
+
+
+def _stall_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
+    before = _condition(old, CONDITION_STALLED)
+    after = _condition(new, CONDITION_STALLED)
+    reason = str(after.get("reason") or "")
+    if after.get("status") != "True" or reason == SUSPENDED_REASON:
+        return []
+    if before.get("status") == "True" and before.get("reason") == reason:
+        return []
+    since = str(after.get("lastTransitionTime") or now)
+    last = new.get("lastUpdate") or {}
+    return [
+        Occurrence(
+            f"stalled/{reason}/{since}",
+            "stalled",
+            since,
+            f"stalled ({reason}): {after.get('message') or ''}",
+            str(last.get("name") or ""),
+            str(last.get("type") or ""),
+        )
+    ]
+
+
+# Each detector names the events of one kind in a status change. The approval of saved plans
+# (its "approval pending" state) adds its own detector here.
+DETECTORS: Final = (_run_events, _drift_events, _stall_events)
+
+
+def occurrences(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, now: datetime
+) -> list[Occurrence]:
+    """The events the status change ``old`` → ``new`` is (none when ``new`` is None)."""
+    if new is None:
+        return []
+    before, stamp = old or {}, format_time(now)
+    found = [event for detect in DETECTORS for event in detect(before, new, stamp)]
+    return [
+        Occurrence(
+            e.id, e.event, e.time, bound_message(e.summary, MAX_SUMMARY_CHARS), e.run, e.operation
+        )
+        for e in found
+    ]
+
+
+# -- who gets them ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NamespaceDefault:
+    """A namespace's default receivers, read from its labelled ConfigMap."""
+
+    config: Notifications | None
+    # Why the ConfigMap cannot be used ("" when it can): logged, and the default is off.
+    problem: str = ""
+
+
+def namespace_default(configmap: Mapping[str, Any]) -> NamespaceDefault:
+    """The receivers a namespace-default ConfigMap names (see docs/notifications.md)."""
+    meta = configmap.get("metadata") or {}
+    where = f"ConfigMap {meta.get('namespace')}/{meta.get('name')}"
+    text = (configmap.get("data") or {}).get(NAMESPACE_DEFAULT_KEY)
+    if not isinstance(text, str):
+        return NamespaceDefault(None, f"{where} has no key {NAMESPACE_DEFAULT_KEY}")
+    try:
+        loaded = yaml.safe_load(text)
+        return NamespaceDefault(Notifications.model_validate(loaded))
+    except yaml.YAMLError as exc:
+        return NamespaceDefault(None, f"{where}: {NAMESPACE_DEFAULT_KEY} is not YAML: {exc}")
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or '(top)'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        return NamespaceDefault(None, f"{where}: {NAMESPACE_DEFAULT_KEY} is invalid: {problems}")
+
+
+def stack_notifications(
+    spec: Mapping[str, Any], default: Notifications | None
+) -> Notifications | None:
+    """The Stack's own ``spec.notifications`` when set (even an invalid one: it is the
+    Stack's choice, reported by the spec check), else the namespace default."""
+    raw = spec.get("notifications")
+    if raw is None:
+        return default
+    try:
+        return Notifications.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def receivers_for(config: Notifications | None, event: NotificationEvent) -> list[Receiver]:
+    if config is None:
+        return []
+    wanted = config.events if config.events is not None else NOTIFICATION_EVENTS
+    return [
+        Receiver(r.name, r.type, r.secret_ref.name)
+        for r in config.receivers
+        if event in (r.events if r.events is not None else wanted)
+    ]
+
+
+def receiver_named(config: Notifications | None, name: str) -> Receiver | None:
+    """The receiver ``name`` as configured now (None: it was removed)."""
+    for r in config.receivers if config is not None else ():
+        if r.name == name:
+            return Receiver(r.name, r.type, r.secret_ref.name)
+    return None
+
+
+# -- the outbox in the status ---------------------------------------------------------------
+
+
+def pending_entry(occurrence: Occurrence, receivers: Sequence[Receiver]) -> JSON:
+    entry: JSON = {
+        "event": occurrence.event,
+        "time": occurrence.time,
+        "summary": occurrence.summary,
+        "receivers": {r.name: r.type for r in receivers},
+    }
+    if occurrence.run:
+        entry["run"] = occurrence.run
+    if occurrence.operation:
+        entry["operation"] = occurrence.operation
+    return entry
+
+
+def with_pending(
+    status: Mapping[str, Any], found: Iterable[Occurrence], config: Notifications | None
+) -> tuple[JSON, list[str]]:
+    """``status`` with the events in ``found`` that some receiver wants added to
+    ``status.notifications.pending``; and the ids of the entries it dropped to stay within
+    ``MAX_PENDING`` (oldest first)."""
+    updated = dict(status)
+    pending: JSON = dict((status.get("notifications") or {}).get("pending") or {})
+    for occurrence in found:
+        receivers = receivers_for(config, occurrence.event)
+        if receivers and occurrence.id not in pending:
+            pending[occurrence.id] = pending_entry(occurrence, receivers)
+    dropped: list[str] = []
+    while len(pending) > MAX_PENDING:
+        oldest = min(pending, key=lambda key: (str(pending[key].get("time") or ""), key))
+        dropped.append(oldest)
+        del pending[oldest]
+    if pending:
+        updated["notifications"] = {**(status.get("notifications") or {}), "pending": pending}
+    return updated, dropped
+
+
+def pending_of(status: Mapping[str, Any]) -> dict[str, JSON]:
+    """Event id -> pending entry, from ``status.notifications.pending``."""
+    raw = (status.get("notifications") or {}).get("pending") or {}
+    return {str(k): dict(v) for k, v in raw.items() if isinstance(v, Mapping)}
+
+
+def delivered_patch(event_id: str, receiver: str, remaining: int) -> JSON:
+    """The status merge patch after ``receiver`` is done with ``event_id``: the whole entry
+    goes when ``remaining`` (receivers still to do) is 0."""
+    entry: Any = None if remaining == 0 else {"receivers": {receiver: None}}
+    return {"status": {"notifications": {"pending": {event_id: entry}}}}
+
+
+# -- what is sent --------------------------------------------------------------------------
+
+
+def describe_command(namespace: str, name: str) -> str:
+    return f"pkobatch describe -n {namespace} {name}"
+
+
+def webhook_body(
+    stack: Mapping[str, Any], event_id: str, entry: Mapping[str, Any], delivery: str
+) -> bytes:
+    meta = stack.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    run: JSON | None = None
+    if entry.get("run"):
+        run = {"name": entry.get("run"), "operation": entry.get("operation") or ""}
+    body = {
+        "kind": BODY_KIND,
+        "version": BODY_VERSION,
+        "id": delivery,
+        "event": entry.get("event"),
+        "time": entry.get("time"),
+        "stack": {
+            "namespace": namespace,
+            "name": name,
+            "uid": meta.get("uid") or "",
+            "stack": (stack.get("spec") or {}).get("stack") or "",
+        },
+        "run": run,
+        "summary": entry.get("summary") or "",
+        "describe": describe_command(namespace, name),
+        "eventId": event_id,
+    }
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def slack_body(stack: Mapping[str, Any], entry: Mapping[str, Any]) -> bytes:
+    meta = stack.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    text = (
+        f"[{entry.get('event')}] Stack {namespace}/{name}: {entry.get('summary') or ''}\n"
+        f"Details: `{describe_command(namespace, name)}`"
+    )
+    return json.dumps({"text": text}).encode()
+
+
+def delivery_id(stack: Mapping[str, Any], event_id: str) -> str:
+    """The same for every attempt and every restart: receivers may drop repeats by it."""
+    return f"{(stack.get('metadata') or {}).get('uid') or ''}/{event_id}"
+
+
+def signature(key: bytes, body: bytes) -> str:
+    """``X-Pkobatch-Signature``: HMAC-SHA256 of the raw body, as GitHub signs webhooks."""
+    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def verdict(status_code: int | None) -> Verdict:
+    """What an answer means: None is no answer (refused, reset, timed out). A 4xx other than
+    408 and 429 will not change by retrying (a wrong URL, a payload the receiver refuses)."""
+    if status_code is None:
+        return "retry"
+    if 200 <= status_code < 300:
+        return "sent"
+    if status_code in (408, 429) or status_code >= 500:
+        return "retry"
+    return "failed"
+
+
+def retry_delay(attempt: int, base: float, cap: float) -> float:
+    """Seconds before attempt ``attempt + 1`` after ``attempt`` failed: base x 2^(attempt-1),
+    at most ``cap``."""
+    return float(min(cap, base * 2 ** max(attempt - 1, 0)))
