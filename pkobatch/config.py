@@ -85,6 +85,24 @@ class RetrySettings(BaseModel):
     max_failures: int = Field(default=3, ge=1)
 
 
+class NotificationSettings(BaseModel):
+    """Delivery of notifications (docs/notifications.md): off the reconcile path, bounded."""
+
+    max_attempts: int = Field(default=8, ge=1, description="attempts per event and receiver")
+    backoff_base: Duration = Field(
+        default=timedelta(seconds=1), description="wait after the first failed attempt"
+    )
+    backoff_cap: Duration = Field(
+        default=timedelta(minutes=1), description="longest wait between two attempts"
+    )
+    timeout: Duration = Field(
+        default=timedelta(seconds=10), description="per attempt: connect and answer"
+    )
+    senders: int = Field(
+        default=4, ge=1, le=64, description="deliveries in flight at once (threads)"
+    )
+
+
 class LeaderElectionSettings(BaseModel):
     enabled: bool = False
     lease_name: str = "pkobatch-controller"
@@ -136,6 +154,7 @@ class Settings(BaseSettings):
     )
     job: JobSettings = Field(default_factory=JobSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     metrics_addr: str = ":8080"
     health_addr: str = ":8081"

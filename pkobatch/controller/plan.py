@@ -244,6 +244,9 @@ class Plan:
     requeue_after: float | None = None
     # Set when planning failed (see ``plan``): the error, for the controller's log.
     error: str = ""
+    # The status as decided, also when ``status`` is None because the Stack is released:
+    # notifications compare it with the old one (a destroy on deletion is an event too).
+    decided_status: JSON | None = None
 
 
 def plan(observed: Observed, settings: Settings, template: Mapping[str, Any]) -> Plan:
@@ -364,6 +367,7 @@ class _Planner:
             del self.status["conditions"]
         if self.result.status is not None:
             self.result.status = self.status
+        self.result.decided_status = self.status
         positive = [r for r in self.requeue if r is not None]
         self.result.requeue_after = max(1.0, min(positive)) if positive else None
         return self.result

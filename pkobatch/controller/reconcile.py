@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
+from pkobatch.controller.delivery import Notifier
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.fold import job_finished, metric_result
 from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_template
@@ -196,17 +197,27 @@ class StackReconciler:
         metrics.track_admission(self.admission.waiting, settings.max_active_jobs)
         self.dependents = Dependents()
         self._observer = Observer(kube, stores, self.poller, settings, self._template)
-        self._actor = Actor(kube, EventRecorder(kube))
+        events = EventRecorder(kube)
+        self._actor = Actor(kube, events)
+        self.notifier = Notifier(
+            kube,
+            settings.notifications,
+            metrics.registry,
+            [*settings.namespaces] or [None],
+            events,
+        )
         self._seeded = False
 
     # -- Service ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._seed()
+        self.notifier.start()
         self.poller.start()
 
     def stop(self) -> None:
         self.poller.stop()
+        self.notifier.stop()
 
     def _seed(self) -> None:
         if self._seeded:
@@ -252,10 +263,13 @@ class StackReconciler:
             result = self._create_job(key, observed, result)
             if result.create_job is None:
                 self._actor.create_inputs(result.inputs_job, key.namespace, result.create_inputs)
+            outbox = self.notifier.add_events(observed.stack, result, observed.now)
             self._actor.apply(observed.stack, result)
         except Conflict:
             # Status computed from a stale cache (or a concurrent edit): look again shortly.
             return ReconcileResult(requeue_after=CONFLICT_RETRY)
+        # Only after the status holding them is written (never for a write that failed).
+        self.notifier.track(observed.stack, outbox, durable=result.status is not None)
         active = result.create_job or next((j for j in observed.jobs if not job_finished(j)), None)
         self.admission.track(key, str(active["metadata"]["name"]) if active else None)
         self._after_runs(key, result)
