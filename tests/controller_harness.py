@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from pkobatch.api.constants import FIELD_MANAGER_CLI, STACK_LABEL
+from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CLUSTERROLEBINDINGS,
@@ -142,7 +143,7 @@ class ControllerProcess:
             self.work_dir / f"controller-{len(self.log_paths)}.kubeconfig",
         )
         settings = {
-            "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+            "PKOBATCH_JOB__COMMAND": LOCAL_JOB_COMMAND,
             "PKOBATCH_RETRY__BASE": "1s",
             "PKOBATCH_POLL_INTERVAL": "2s",
             "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "20s",
@@ -157,22 +158,13 @@ class ControllerProcess:
         self.log_paths.append(log_path)
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pkobatch.main",
-                    "controller",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--namespaces",
-                    self.namespace,
-                    "--metrics-addr",
-                    f"127.0.0.1:{self.port}",
-                    "--health-addr",
-                    "0",
-                    "--workers",
-                    "4",
-                ],
+                controller_argv(
+                    kubeconfig=kubeconfig,
+                    namespaces=self.namespace,
+                    metrics_addr=f"127.0.0.1:{self.port}",
+                    health_addr="0",
+                    workers=4,
+                ),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

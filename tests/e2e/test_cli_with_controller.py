@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from click.testing import Result
 
 from pkobatch.dev import processes
+from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.kube.client import CLUSTERROLES, JOBS, ROLEBINDINGS, SECRETS, STACKS, Kube
 
 pytestmark = pytest.mark.e2e
@@ -46,14 +46,14 @@ def controller(
     env = cluster.env(
         PKOBATCH_KUBECONFIG=str(cluster.kubeconfig),
         PKOBATCH_NAMESPACES=namespace,
-        PKOBATCH_JOB__COMMAND=f"{sys.executable},-m,pkobatch.main,job,run",
+        PKOBATCH_JOB__COMMAND=LOCAL_JOB_COMMAND,
         PKOBATCH_JOB__SERVICE_ACCOUNT="pkobatch-runner",
         PKOBATCH_METRICS_ADDR="0",
         PKOBATCH_HEALTH_ADDR="0",
         PKOBATCH_LOG_FORMAT="text",
     )
     process = processes.spawn(
-        [sys.executable, "-m", "pkobatch.main", "controller"],
+        controller_argv(),
         log=tmp_path / "controller.log",
         env=env,
     )

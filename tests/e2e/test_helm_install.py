@@ -43,6 +43,7 @@ from controller_harness import (
 from deploy_render import CHART, CI_VALUES, KUBECTL, KUSTOMIZE, REPO, helm
 from promql_names import metric_names
 
+from pkobatch.dev.environment import LOCAL_JOB_COMMAND
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CLUSTERROLES,
@@ -219,7 +220,7 @@ def install_values(
     """The chart values of this test: the tenant namespace (``runner``), and what a run on the
     local node agent needs (see the module docstring)."""
     settings = {
-        "PKOBATCH_JOB__COMMAND": f"{sys.executable},-m,pkobatch.main,job,run",
+        "PKOBATCH_JOB__COMMAND": LOCAL_JOB_COMMAND,
         INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
         "PKOBATCH_RETRY__BASE": "1s",
         "PKOBATCH_POLL_INTERVAL": "2s",
