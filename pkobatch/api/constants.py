@@ -30,6 +30,10 @@ RESULT_LABEL: Final = f"{PREFIX}/result"
 # Annotations the CLI writes to request a one-off operation (see docs/operations.md).
 OPERATION_REQUEST_ANNOTATION: Final = f"{PREFIX}/operation-request"
 ABANDON_ANNOTATION: Final = f"{PREFIX}/abandon"
+# Approval of saved plans (spec.approval, docs/api.md): the id of the pending plan to apply,
+# or to discard. Written by `pkobatch approve` / `pkobatch reject`.
+APPROVE_ANNOTATION: Final = f"{PREFIX}/approve"
+REJECT_ANNOTATION: Final = f"{PREFIX}/reject"
 JOB_STACK_UID_ANNOTATION: Final = f"{PREFIX}/stack-uid"
 # On every Job: the run it was created for (operation, generation, commit, ...), as JSON.
 RUN_ANNOTATION: Final = f"{PREFIX}/run"
@@ -52,6 +56,8 @@ CONDITION_READY: Final = "Ready"
 CONDITION_RECONCILING: Final = "Reconciling"
 CONDITION_STALLED: Final = "Stalled"
 CONDITION_DRIFTED: Final = "Drifted"
+# pkobatch: spec.approval.required and a plan waits for approval (True), or none does.
+CONDITION_APPROVAL_PENDING: Final = "ApprovalPending"
 
 # Ready reasons.
 READY_COMPLETED_REASON: Final = "ProcessingCompleted"
@@ -66,6 +72,8 @@ RECONCILING_PREREQUISITE_REASON: Final = "PrerequisiteNotSatisfied"
 # pkobatch: the Program or Flux source the Stack names is missing or not ready yet; the
 # Stack runs as soon as it is (no failure is counted while waiting).
 RECONCILING_WAITING_FOR_SOURCE_REASON: Final = "WaitingForSource"
+# pkobatch: a saved plan waits for approval (spec.approval); nothing changes until then.
+RECONCILING_APPROVAL_PENDING_REASON: Final = "ApprovalPending"
 # Stalled reasons.
 STALLED_SPEC_INVALID_REASON: Final = "SpecInvalid"
 STALLED_SOURCE_UNAVAILABLE_REASON: Final = "SourceUnavailable"
@@ -90,6 +98,8 @@ ResultReason = Literal[
     "Interrupted",
     "InvalidSpec",
     "JobFailed",
+    # An approved up whose stack or program no longer matches the saved plan it was given.
+    "PlanMismatch",
 ]
 RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
 # Failures a retry cannot fix (the spec, or the image, lacks something): the Stack stalls at

@@ -20,6 +20,8 @@ understand instead of misreading it.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -127,6 +129,36 @@ class FluxArtifact(_Model):
     digest: str = ""
 
 
+# The key of a plan Secret that holds the gzip-compressed plan file.
+PLAN_KEY: Final = "plan.json.gz"
+PLAN_ID_PREFIX: Final = "plan-"
+# A Secret holds at most 1 MiB; a compressed plan larger than this fails the preview.
+MAX_PLAN_BYTES: Final = 900 * 1024
+# Resources of a plan listed in a result (and status.approval.resources).
+MAX_PLANNED_RESOURCES: Final = 100
+
+
+def plan_id(plan: bytes, commit: str, spec: Mapping[str, Any]) -> str:
+    """The id an approval names: a digest of the plan file, the commit and the spec.
+
+    ``spec.approval`` is left out (approving by spec changes it); inline secret values are
+    already blanked in a run's spec, and the plan file holds secrets only as ciphertext.
+    """
+    reviewed = {key: value for key, value in spec.items() if key != "approval"}
+    digest = hashlib.sha256()
+    for part in (plan, commit.encode(), json.dumps(reviewed, sort_keys=True).encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return PLAN_ID_PREFIX + digest.hexdigest()[:20]
+
+
+class PlanRef(_Model):
+    """A saved plan: the Secret that holds it (owned by its preview Job) and its id."""
+
+    secret: str
+    # Empty when saving (the preview computes it); the approved id when applying.
+    id: str = ""
+
+
 class RunSnapshot(_Model):
     schema_version: Literal["pkobatch.io/run-snapshot/v1"] = Field(
         default=SNAPSHOT_SCHEMA_VERSION, alias="schemaVersion"
@@ -165,9 +197,18 @@ class RunSnapshot(_Model):
     # This Stack's Jobs that had finished (so had no running pod) when this one was made:
     # a Pulumi lock created by one of their pods is stale (pkobatch.runner.locks).
     ended_runs: list[str] = Field(default_factory=list, alias="endedRuns")
+    # spec.approval: a preview saves its plan into this Secret (``save_plan``); an approved
+    # up applies exactly the plan in this Secret, refusing one whose id differs.
+    save_plan: PlanRef | None = Field(default=None, alias="savePlan")
+    apply_plan: PlanRef | None = Field(default=None, alias="applyPlan")
 
 
 RunState = Literal["succeeded", "failed"]
+
+
+class PlannedStep(_Model):
+    urn: str
+    op: str
 
 
 class RunResult(_Model):
@@ -199,6 +240,10 @@ class RunResult(_Model):
     language_host: str = Field(default="", alias="languageHost")
     # Stale Pulumi locks the run removed before it could run, one description each.
     cleared_locks: list[str] = Field(default_factory=list, alias="clearedLocks")
+    # A preview that saved a plan (snapshot.savePlan): its id and the resources it changes.
+    plan_id: str = Field(default="", alias="planID")
+    planned_resources: list[PlannedStep] = Field(default_factory=list, alias="plannedResources")
+    planned_resource_count: int = Field(default=0, alias="plannedResourceCount")
     truncated: bool = False
 
     def to_json(self) -> str:

@@ -378,6 +378,22 @@ class DriftDetection(_Model):
         return check_cron(value)
 
 
+class Approval(_Model):
+    """pkobatch: updates wait for a human to approve the saved plan of their preview."""
+
+    required: bool | None = Field(
+        default=None,
+        description="Every update first runs a preview that saves a Pulumi update plan; the "
+        "update runs only that plan, and only once it is approved.",
+    )
+    approved_plan: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Approve the pending plan with this id (status.approval.planID), the "
+        "GitOps way; `pkobatch approve` does the same with an annotation.",
+    )
+
+
 # A ConfigMap or Secret key (Kubernetes' rule for both).
 DATA_KEY_PATTERN: Final = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -501,6 +517,7 @@ EXTENSION_FIELDS: Final = (
     "jobTemplate",
     "exportOutputs",
     "notifications",
+    "approval",
 )
 # Alias dialect: alias wire name -> canonical wire name (see normalize_spec).
 SPEC_ALIASES: Final[Mapping[str, str]] = {
@@ -680,6 +697,10 @@ class StackSpec(_Model):
         description="pkobatch: receivers of this Stack's events (run failed, recovered, drift "
         "detected, approval pending, stalled, destroyed); replaces the namespace default.",
     )
+    approval: Approval | None = Field(
+        default=None,
+        description="pkobatch: updates run only a saved plan someone approved (docs/api.md).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -834,6 +855,78 @@ class NotificationsStatus(_Model):
     )
 
 
+class PlannedResource(_Model):
+    """One resource of a saved plan and what the plan does to it."""
+
+    urn: str = Field(description="The resource's URN.")
+    op: str = Field(description="create, update, replace, delete, ... (Pulumi's step).")
+
+
+class ApprovalStatus(_Model):
+    """pkobatch: the saved plan of spec.approval, and what became of it."""
+
+    plan_id: str | None = Field(
+        default=None,
+        alias="planID",
+        description="Digest of the plan, the commit and the spec: what an approval names.",
+    )
+    state: (
+        Literal[
+            "Previewing",
+            "Pending",
+            "Approved",
+            "Applied",
+            "Failed",
+            "Rejected",
+            "Superseded",
+            "PreviewFailed",
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Previewing, Pending, Approved (its update runs), Applied, Failed, Rejected, "
+        "Superseded or PreviewFailed.",
+    )
+    summary: str | None = Field(default=None, description="What the plan changes, in short.")
+    changes: dict[str, Int64] | None = Field(
+        default=None, description="Operation counts of the plan, e.g. {create: 2, same: 1}."
+    )
+    resources: list[PlannedResource] | None = Field(
+        default=None, description="The resources the plan changes (at most 100)."
+    )
+    resource_count: Int64 | None = Field(
+        default=None, description="How many resources the plan changes in all."
+    )
+    commit: str | None = Field(default=None, description="Source revision the plan was made at.")
+    generation: Int64 | None = Field(default=None, description="Generation of the preview.")
+    reconcile_request: str | None = Field(
+        default=None, description="Reconcile-request annotation value of the preview."
+    )
+    target: str | None = Field(
+        default=None,
+        description="What the plan is for: a digest of the spec (without approval), the "
+        "reconcile request, the commit and the trigger; a new one supersedes the plan.",
+    )
+    trigger: str | None = Field(default=None, description="What asked for the change.")
+    preview_job: str | None = Field(
+        default=None, description="The preview Job; it owns the Secret that holds the plan."
+    )
+    plan_secret: str | None = Field(default=None, description="The Secret that holds the plan.")
+    created_time: LooseTime | None = Field(default=None, description="When the plan was saved.")
+    approved_by: str | None = Field(
+        default=None,
+        description="Who approved: the field manager that wrote the approval (managedFields).",
+    )
+    approved_via: str | None = Field(
+        default=None,
+        description="spec.approval.approvedPlan or the pkobatch.io/approve annotation.",
+    )
+    approved_time: LooseTime | None = Field(default=None, description="When it was approved.")
+    update_job: str | None = Field(default=None, description="The update that runs the plan.")
+    failures: Int64 | None = Field(default=None, description="Consecutive failed previews.")
+    message: str | None = Field(default=None, description="What happened, or what to do.")
+
+
 class StackStatus(_Model):
     observed_generation: Int64 | None = Field(
         default=None, description="Generation last processed."
@@ -871,6 +964,9 @@ class StackStatus(_Model):
     )
     notifications: NotificationsStatus | None = Field(
         default=None, description="pkobatch: notifications not yet delivered."
+    )
+    approval: ApprovalStatus | None = Field(
+        default=None, description="pkobatch: the saved plan of spec.approval."
     )
 
 
@@ -1091,6 +1187,12 @@ def validate_stack_spec(spec: StackSpec, namespace: str | None = None) -> list[s
         problems.append(
             "spec.driftDetection.remediate runs an update, but spec.preview only allows "
             "previews: remove one of them"
+        )
+    if drift is not None and drift.remediate and spec.approval and spec.approval.required:
+        problems.append(
+            "spec.driftDetection.remediate runs an update nobody reviewed, but "
+            "spec.approval.required asks for review of every update: remove remediate (drift "
+            "checks still report drift, and a reconcile request makes a plan to review)"
         )
     return problems
 

@@ -88,6 +88,7 @@ from pkobatch.api.run import (
     SNAPSHOT_SHA256_FLAG,
     FluxArtifact,
     GitAuthEnv,
+    PlanRef,
     ProgramSnapshot,
     ProjectInfo,
     RunSnapshot,
@@ -145,8 +146,9 @@ RESTRICTED_SECURITY_CONTEXT: Final[JSON] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
-RunKind = Literal["sync", "request", "drift"]
-"""Why a run exists: the Stack's normal operation, a CLI operation request, a drift check."""
+RunKind = Literal["sync", "request", "drift", "approval"]
+"""Why a run exists: the Stack's normal operation, a CLI operation request, a drift check,
+the preview that saves a plan for approval (spec.approval)."""
 # Trigger of the update that remediates drift; it always refreshes first.
 REMEDIATE_TRIGGER_PREFIX: Final = "remediate:"
 # The label that ties a run input (Secret, snapshot ConfigMap) to its Job. Inputs carry no
@@ -174,6 +176,9 @@ class Run:
     trigger: str
     # The operation-request annotation value, for kind "request".
     request: str = ""
+    # An approved up (spec.approval): the plan's id and the Secret that holds it.
+    plan: str = ""
+    plan_secret: str = ""
 
     def to_annotation(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -195,6 +200,8 @@ class Run:
                 commit=str(data["commit"]),
                 trigger=str(data["trigger"]),
                 request=str(data.get("request", "")),
+                plan=str(data.get("plan", "")),
+                plan_secret=str(data.get("plan_secret", "")),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -306,6 +313,11 @@ def _ref_env(env_name: str, ref: ResourceRef, path: str) -> JSON:
 
 def run_secret_name(job: str) -> str:
     return f"{job}-secrets"
+
+
+def plan_secret_name(job: str) -> str:
+    """The Secret a preview of kind "approval" saves its plan in (owned by that Job)."""
+    return f"{job}-plan"
 
 
 @dataclass
@@ -528,6 +540,8 @@ def build_snapshot(
         flux=flux_artifact(source) if source is not None and spec.flux_source is not None else None,
         result_config_map=name,
         ended_runs=list(ended_runs),
+        save_plan=PlanRef(secret=plan_secret_name(name)) if run.kind == "approval" else None,
+        apply_plan=PlanRef(secret=run.plan_secret, id=run.plan) if run.plan else None,
     )
 
 
@@ -711,7 +725,12 @@ def build_run(
     # Within the CRD's bound even for a spec stored before it existed: a huge deadline
     # overflows the Job controller, which then fails every run as DeadlineExceeded.
     job_spec["activeDeadlineSeconds"] = int(min(max(deadline, 1), MAX_SPEC_SECONDS))
-    job_spec["ttlSecondsAfterFinished"] = int(settings.ttl_after_finished.total_seconds())
+    if run.kind == "approval":
+        # Its plan Secret lives as long as the Job: the controller deletes the Job when the
+        # plan is used, superseded or rejected (it has no right to delete Secrets itself).
+        job_spec.pop("ttlSecondsAfterFinished", None)
+    else:
+        job_spec["ttlSecondsAfterFinished"] = int(settings.ttl_after_finished.total_seconds())
     runner = _pulumi_container(pod_template["spec"])
     # The runner scrubs the values of these variables from everything it writes.
     secret_env = sorted(

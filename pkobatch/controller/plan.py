@@ -49,6 +49,7 @@ from pkobatch.api.conditions import (
 )
 from pkobatch.api.constants import (
     ABANDON_ANNOTATION,
+    CONDITION_APPROVAL_PENDING,
     CONDITION_DRIFTED,
     CONDITION_READY,
     CONDITION_RECONCILING,
@@ -62,11 +63,13 @@ from pkobatch.api.constants import (
     OPERATIONS,
     PERMANENT_RESULT_REASONS,
     RECONCILE_REQUEST_ANNOTATION,
+    RECONCILING_APPROVAL_PENDING_REASON,
     RECONCILING_PREREQUISITE_REASON,
     RECONCILING_PREVIEW_FAILED_REASON,
     RECONCILING_PROCESSING_REASON,
     RECONCILING_RETRY_REASON,
     RECONCILING_WAITING_FOR_SOURCE_REASON,
+    REJECT_ANNOTATION,
     STALLED_DESTROY_HELD_REASON,
     STALLED_NAMESPACE_TERMINATING_REASON,
     STALLED_RECONCILE_ERROR_REASON,
@@ -83,6 +86,7 @@ from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
 from pkobatch.config import Settings
+from pkobatch.controller import approval
 from pkobatch.controller.fold import (
     POD_CREATION_GRACE,
     POD_CREATION_RECHECK,
@@ -138,6 +142,9 @@ EVENT_DRIFT_DETECTED: Final = "DriftDetected"
 EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
 EVENT_SPEC_NOTES: Final = "SpecNotes"
 EVENT_STALE_LOCK_REMOVED: Final = "StaleLockRemoved"
+EVENT_PLAN_SAVED: Final = "PlanAwaitingApproval"
+EVENT_PLAN_APPROVED: Final = "PlanApproved"
+EVENT_PLAN_ENDED: Final = "PlanDiscarded"
 # Finished Jobs named in a run's snapshot (the Stack's history keeps a few more at most).
 MAX_ENDED_RUNS: Final = 20
 DRIFT_DETECTED_REASON: Final = "DriftDetected"
@@ -456,6 +463,8 @@ class _Planner:
         kind: RunKind = "sync"
         if request.get("jobName") == name and request.get("operation") != "cancel":
             kind = "request"
+        elif (self.status.get("approval") or {}).get("previewJob") == name:
+            kind = "approval"
         elif operation == "refresh":
             kind = "drift"
         return Run(
@@ -483,6 +492,7 @@ class _Planner:
                 ("lastUpdate", "name"),
                 ("operationRequest", "jobName"),
                 ("lastDriftCheck", "name"),
+                ("approval", "previewJob"),
             )
         }
         orphans = [
@@ -545,6 +555,8 @@ class _Planner:
         result = outcome.result
         if run.kind == "drift":
             self._fold_drift(run, name, outcome)
+        elif run.kind == "approval":
+            self._fold_approval_preview(run, name, outcome)
         elif _changes_stack(run):
             previous = self.status.get("lastUpdate")
             self.status["lastUpdate"] = folded_last_update(previous, run, name, outcome)
@@ -555,6 +567,10 @@ class _Planner:
                 self.status["projectInfo"] = result.project_info.model_dump(mode="json")
             if outcome.succeeded and run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
                 self._drifted("False", REMEDIATED_REASON, f"drift was remediated by {name}")
+            if run.plan:
+                record = self.status.get("approval") or {}
+                self.status["approval"] = approval.folded_update(record, run, name, outcome)
+                self._discard_plan(record)
         request = self.status.get("operationRequest") or {}
         # A newer request may already be recorded; only this run's own entry is updated.
         if run.kind == "request" and request.get("request") in (None, "", run.request):
@@ -1013,7 +1029,14 @@ class _Planner:
             reason = f"scheduled run {format_time(due.time)}"
             if due.skipped:
                 reason += f" ({due.skipped} earlier scheduled time(s) skipped)"
+        requires_approval = approval.required(spec.to_manifest())
+        if not requires_approval:
+            self._end_plan("Superseded", "spec.approval.required is off")
+            self.conditions = remove_condition(self.conditions, CONDITION_APPROVAL_PENDING)
         if reason is None:
+            if requires_approval:
+                self._end_plan("Superseded", "the Stack is in sync without it")
+                self._approval_condition("False", "NoChangePending", "no change awaits approval")
             self._resting(last)
             return False
         if not self._prerequisites_ready(spec):
@@ -1024,6 +1047,9 @@ class _Planner:
             self._record_schedule_time(format_time(due.time))
             if reason.startswith("scheduled run"):
                 trigger = f"{SCHEDULE_TRIGGER_PREFIX}{format_time(due.time)}"
+        if requires_approval:
+            self._approve_first(spec, commit, trigger, reason)
+            return True
         run = Run(
             operation="preview" if spec.preview else "up",
             kind="sync",
@@ -1197,6 +1223,16 @@ class _Planner:
         if operation == "cancel":
             return self._cancel(value, blocking)
         raw_spec = self.obs.stack.get("spec") or {}
+        if operation == "up" and approval.required(raw_spec):
+            self._request_status(
+                value,
+                operation,
+                "Rejected",
+                "",
+                "spec.approval.required: updates run only an approved plan; see `pkobatch "
+                f"plan {self.name}` and approve it with `pkobatch approve {self.name}`",
+            )
+            return False
         if raw_spec.get("preview") and operation in ("up", "destroy"):
             self._request_status(
                 value,
@@ -1265,14 +1301,130 @@ class _Planner:
         self._resting(self.status.get("lastUpdate") or {})
         return True
 
+    # -- approval of saved plans (pkobatch.controller.approval) -------------------------------
+
+    def _approve_first(
+        self, spec: StackSpec, commit: str | None, trigger: str, reason: str
+    ) -> None:
+        """spec.approval.required: save a plan, wait for its approval, apply exactly it."""
+        manifest = spec.to_manifest()
+        target = approval.target_key(manifest, self.request, trigger)
+        record = self.status.get("approval") or {}
+        if record.get("target") != target:
+            self._end_plan("Superseded", f"superseded by a newer change ({reason})")
+            record = self.status.get("approval") or {}
+        failures = int(record.get("failures") or 0)
+        decision = approval.decide(
+            record,
+            target,
+            approval.approvals(self.obs.stack, manifest),
+            approval.rejected_plan(self.obs.stack),
+            self.now,
+            cooldown(failures - 1, spec, self.settings),
+            self.settings.retry.max_failures,
+        )
+        if isinstance(decision, approval.StartPreview):
+            run = Run(
+                operation="preview",
+                kind="approval",
+                generation=self.generation,
+                reconcile_request=self.request,
+                commit=commit or "",
+                trigger=approval.preview_trigger(target, trigger, decision.attempt),
+            )
+            name = job_name(self.name, self.uid, run)
+            if self._start(run, f"{reason} (spec.approval: saving a plan to review)"):
+                self.status["approval"] = approval.previewing(target, run, name, decision.attempt)
+                self._reconciling(
+                    RECONCILING_PROCESSING_REASON,
+                    f"preview {name} is saving a plan for approval",
+                )
+            self._approval_condition("False", "Previewing", f"preview {name} saves a plan")
+        elif isinstance(decision, approval.Apply):
+            run = approval.apply_run(record, self.generation, self.request)
+            name = job_name(self.name, self.uid, run)
+            if self._start(run, f"plan {run.plan} approved by {decision.approver.by}"):
+                if record.get("state") != "Approved":
+                    self._event(
+                        "Normal",
+                        EVENT_PLAN_APPROVED,
+                        f"plan {run.plan} approved by {decision.approver.by} "
+                        f"({decision.approver.via or 'no review needed'})",
+                    )
+                self.status["approval"] = approval.approved(
+                    record, decision.approver, name, self.now
+                )
+            self._approval_condition("False", "Approved", f"plan {run.plan} is approved")
+        elif isinstance(decision, approval.Reject):
+            self._end_plan("Rejected", f"rejected ({REJECT_ANNOTATION})")
+            self._approval_condition("False", "Rejected", f"plan {decision.plan_id} was rejected")
+            self._reconciling(
+                RECONCILING_APPROVAL_PENDING_REASON,
+                f"plan {decision.plan_id} was rejected; nothing runs until the spec, the source "
+                "or the reconcile request changes",
+            )
+        else:
+            if decision.stalled:
+                self._stalled(STALLED_UPDATE_FAILED_REASON, decision.message)
+            else:
+                self._reconciling(RECONCILING_APPROVAL_PENDING_REASON, decision.message)
+            if decision.recheck is not None:
+                self._requeue_in(decision.recheck)
+            if decision.pending:
+                self._approval_condition("True", "AwaitingApproval", decision.message)
+
+    def _fold_approval_preview(self, run: Run, name: str, outcome: Outcome) -> None:
+        record = approval.folded_preview(self.status.get("approval") or {}, run, name, outcome)
+        self.status["approval"] = record
+        if record["state"] == "Pending":
+            self._event(
+                "Normal",
+                EVENT_PLAN_SAVED,
+                f"plan {record['planID']} awaits approval: {record['summary']}",
+            )
+
+    def _end_plan(self, state: str, message: str) -> None:
+        """Supersede or reject the plan that holds its Secret; its preview Job goes with it."""
+        record = self.status.get("approval") or {}
+        if not approval.holds_plan(record) or record.get("state") == "Approved":
+            return
+        self.status["approval"] = approval.ended(
+            record, state, f"plan {record.get('planID')} {state.lower()}: {message}"
+        )
+        self._event("Normal", EVENT_PLAN_ENDED, self.status["approval"]["message"])
+        self._discard_plan(record)
+
+    def _discard_plan(self, record: Mapping[str, Any]) -> None:
+        job = self.jobs.get(str(record.get("previewJob") or ""))
+        if job is not None and not job_deleting(job):
+            meta = job["metadata"]
+            self.result.delete_jobs.append(
+                JobDeletion(str(meta["name"]), str(meta.get("uid") or ""))
+            )
+
+    def _approval_condition(
+        self, status: Literal["True", "False"], reason: str, message: str
+    ) -> None:
+        self.conditions = set_condition(
+            self.conditions,
+            CONDITION_APPROVAL_PENDING,
+            status,
+            reason,
+            message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+
     # -- history -----------------------------------------------------------------------------
 
     def _prune_history(self) -> None:
         current = self._current_name()
+        record = self.status.get("approval") or {}
+        kept = {current, record.get("previewJob") if approval.holds_plan(record) else None}
         done = [
             j
             for name, j in self.jobs.items()
-            if name != current and job_finished(j) and not job_deleting(j)
+            if name not in kept and job_finished(j) and not job_deleting(j)
         ]
         done.sort(key=_creation, reverse=True)
         for job in done[self.settings.job.history_limit :]:

@@ -13,7 +13,12 @@ Deliberate limits, documented in ``docs/install.md``:
 - Leases: the controller uses them only in its own namespace (leader election), so they are
   granted by a Role there, not by the cluster-wide ClusterRole.
 - The runner touches Secrets only for ``spec.exportOutputs`` (the Secret of a Stack's secret
-  outputs) and only in namespaces that bind its ClusterRole with a RoleBinding.
+  outputs) and ``spec.approval`` (a preview creates the Secret of its saved plan, owned by
+  its Job; the approved update reads it), and only in namespaces that bind its ClusterRole
+  with a RoleBinding. RBAC cannot limit ``create`` to names with a prefix (``resourceNames``
+  does not apply to ``create``), so plans need no new rule: the runner already needs create,
+  get, update and delete on Secrets of its namespace for exportOutputs. The controller never
+  deletes a plan Secret itself: it deletes the preview Job that owns it.
 
 The group of the core API is the empty string. Subresources are written ``stacks/status``.
 """
@@ -103,6 +108,7 @@ RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     # spec.exportOutputs: the outputs' ConfigMap and Secret (owned by the Stack), checked to be
     # the Stack's before an update or delete; deleted after a destroy. Secrets in the run's own
     # namespace only (a RoleBinding): a Stack's author can already hand any of them to a run.
+    # spec.approval: a preview creates its saved plan's Secret, the approved update gets it.
     ("", "configmaps", "delete"),
     ("", "secrets", "create"),
     ("", "secrets", "get"),

@@ -41,7 +41,7 @@ from pulumi.automation import CommandError, Stack, StackNotFoundError
 
 from pkobatch.api.constants import ResultReason
 from pkobatch.api.messages import bound_message
-from pkobatch.api.run import ProjectInfo, RunResult, RunSnapshot
+from pkobatch.api.run import PlannedStep, ProjectInfo, RunResult, RunSnapshot, plan_id
 from pkobatch.api.stack import StackSpec, load_stack_spec
 from pkobatch.runner import git, locks
 from pkobatch.runner.artifact import fetch as fetch_artifact
@@ -56,6 +56,13 @@ from pkobatch.runner.exports import (
 )
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
 from pkobatch.runner.log import RunLog, scrubbed_output
+from pkobatch.runner.plans import (
+    PlanStore,
+    load_plan,
+    plan_from_secret,
+    plan_secret,
+    planned_steps,
+)
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
 from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
@@ -95,6 +102,9 @@ class Outcome:
     drifted: int | None = None
     permalink: str = ""
     message: str = ""
+    plan_id: str = ""
+    planned: list[PlannedStep] = field(default_factory=list)
+    planned_count: int = 0
 
 
 def secret_env_names(snapshot: RunSnapshot, spec: StackSpec) -> list[str]:
@@ -137,6 +147,10 @@ class _Run:
     cleared_locks: list[str] = field(default_factory=list)
     # Where spec.exportOutputs go; None when there is no cluster (``pkobatch run``).
     outputs_sink: OutputsSink | None = None
+    # Where saved plans go (spec.approval); None when there is no cluster.
+    plan_store: PlanStore | None = None
+    # The run's private directory (checkout, credential helpers, plan files).
+    private: Path | None = None
 
 
 def execute(
@@ -146,9 +160,18 @@ def execute(
     cancellation: Cancellation,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     outputs_sink: OutputsSink | None = None,
+    plan_store: PlanStore | None = None,
 ) -> RunResult:
     """Run the snapshot's operation; the result is bounded and holds no secret value."""
-    run = _Run(snapshot, env, log, cancellation, started=now(), outputs_sink=outputs_sink)
+    run = _Run(
+        snapshot,
+        env,
+        log,
+        cancellation,
+        started=now(),
+        outputs_sink=outputs_sink,
+        plan_store=plan_store,
+    )
     reason: ResultReason = "Succeeded"
     outcome = Outcome()
     message = ""
@@ -194,6 +217,9 @@ def execute(
         project_info=run.project_info,
         language_host=run.language_host,
         cleared_locks=[bound_message(log.redactor.scrub(note)) for note in run.cleared_locks],
+        plan_id=outcome.plan_id,
+        planned_resources=outcome.planned,
+        planned_resource_count=outcome.planned_count,
     )
     return bound_result(result)
 
@@ -221,6 +247,7 @@ def _execute(run: _Run) -> Outcome:
     run.process_env = {name: value for name, value in env.items() if name not in hidden}
 
     with _private_dir(env) as private:
+        run.private = private
         project, state_only = _source(run, spec, credentials, private)
         run.project_info = project.info
         cache_dir = cache_dir_from(env)
@@ -595,6 +622,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
     log.step(f"running {operation}")
     if operation == "up":
         up = stack.up(
+            plan=_approved_plan(run),
             target=targets,
             target_dependents=target_dependents,
             refresh=refresh,
@@ -612,18 +640,23 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
             permalink=find_permalink(up.stdout),
         )
     if operation == "preview":
+        plan_file = _private_file(run, "saved-plan.json") if snapshot.save_plan else None
         preview = stack.preview(
             target=targets,
             target_dependents=target_dependents,
             refresh=refresh,
             expect_no_changes=expect_no_changes,
             replace=replace,
+            plan=str(plan_file) if plan_file else None,
             **common,
         )
-        return Outcome(
+        previewed = Outcome(
             changes=normalize_changes(preview.change_summary),
             permalink=find_permalink(preview.stdout),
         )
+        if plan_file is not None:
+            _save_plan(run, plan_file, previewed)
+        return previewed
     if operation == "refresh":
         refreshed = stack.refresh(
             expect_no_changes=expect_no_changes,
@@ -649,6 +682,57 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
         changes=normalize_changes(destroyed.summary.resource_changes),
         permalink=find_permalink(destroyed.stdout),
     )
+
+
+def _private_file(run: _Run, name: str) -> Path:
+    assert run.private is not None
+    return run.private / name
+
+
+def _save_plan(run: _Run, plan_file: Path, outcome: Outcome) -> None:
+    """Store the plan a preview saved in its Secret (spec.approval); fill in its id and steps."""
+    save = run.snapshot.save_plan
+    assert save is not None
+    if run.plan_store is None:
+        raise RunFailure("JobFailed", "a plan for approval can only be saved in a cluster")
+    text = plan_file.read_bytes()
+    outcome.plan_id = plan_id(text, run.commit, run.snapshot.spec)
+    outcome.planned, outcome.planned_count = planned_steps(load_plan(text))
+    body = plan_secret(
+        save.secret, text, outcome.plan_id, run.snapshot.stack, run.snapshot.job_name, run.env
+    )
+    try:
+        run.plan_store.create_plan(body)
+    except ExportFailed as error:
+        raise RunFailure("JobFailed", f"the plan could not be saved: {error}") from None
+    run.log.step(f"saved plan {outcome.plan_id} in Secret {save.secret}")
+
+
+def _approved_plan(run: _Run) -> str | None:
+    """The approved plan's file for ``up --plan``, after checking it is the approved one."""
+    apply = run.snapshot.apply_plan
+    if apply is None:
+        return None
+    if run.plan_store is None:
+        raise RunFailure("JobFailed", "an approved plan can only be read in a cluster")
+    try:
+        secret = run.plan_store.read_plan(apply.secret)
+    except ExportFailed as error:
+        raise RunFailure(
+            "PlanMismatch", f"the approved plan {apply.id} cannot be read: {error}"
+        ) from None
+    text = plan_from_secret(secret, apply.secret)
+    found = plan_id(text, run.commit, run.snapshot.spec)
+    if found != apply.id:
+        raise RunFailure(
+            "PlanMismatch",
+            f"Secret {apply.secret} holds plan {found} at commit {run.commit}, not the approved "
+            f"plan {apply.id}; nothing was applied",
+        )
+    path = _private_file(run, "approved-plan.json")
+    path.write_bytes(text)
+    run.log.step(f"applying approved plan {apply.id}")
+    return str(path)
 
 
 def _no_cluster_note(run: _Run) -> bool:

@@ -38,6 +38,8 @@ _SPEC_PATTERNS: Final = re.compile(
     r"|unsupported secrets provider|environments are not supported",
     re.IGNORECASE,
 )
+# `up --plan` refusing an operation the saved plan does not allow.
+_PLAN_PATTERNS: Final = re.compile(r"violates plan|plan: [^\n]*not allowed|is not in the plan")
 _REPEATED: Final = "an unhandled error occurred: "
 _PROGRAM_KINDS: Final = frozenset({"CompilationError", "RuntimeError", "InlineSourceRuntimeError"})
 
@@ -58,6 +60,14 @@ def classify_pulumi_error(kind: str, stdout: str, stderr: str) -> RunFailure:
             bound_message(
                 "the stack is locked by another update; if none is running, release the "
                 f"lock with `pulumi cancel`\n{message}"
+            ),
+        )
+    if _PLAN_PATTERNS.search(text):
+        return RunFailure(
+            "PlanMismatch",
+            bound_message(
+                "the stack or the program no longer matches the approved plan; nothing the "
+                f"plan did not allow was applied, and a new plan is made for review\n{message}"
             ),
         )
     if kind in _PROGRAM_KINDS:

@@ -97,7 +97,14 @@ def run_job(
         reader.start()
 
     try:
-        result = execute(snapshot, env, log, cancellation, outputs_sink=outputs_writer)
+        result = execute(
+            snapshot,
+            env,
+            log,
+            cancellation,
+            outputs_sink=outputs_writer,
+            plan_store=outputs_writer,
+        )
     finally:
         if outputs_writer is not None:
             outputs_writer.close()

@@ -298,6 +298,34 @@ class OutputsWriter:
             f"create, get and update on {resource.plural}",
         )
 
+    def create_plan(self, body: dict[str, Any]) -> None:
+        """Create a plan Secret (``pkobatch.runner.plans``); one that exists is kept: its
+        name is its preview Job's, so it is this run's own (a retried write)."""
+        name = body["metadata"]["name"]
+
+        def create(kube: Kube) -> None:
+            try:
+                kube.create(SECRETS, body, self.namespace)
+            except AlreadyExists:
+                return
+
+        self._retrying(f"writing Secret {self.namespace}/{name}", create, "create on secrets")
+
+    def read_plan(self, name: str) -> dict[str, Any]:
+        def read(kube: Kube) -> dict[str, Any]:
+            try:
+                secret: dict[str, Any] = kube.get(SECRETS, name, self.namespace)
+            except NotFound:
+                raise ExportFailed(
+                    f"Secret {self.namespace}/{name} does not exist (its preview Job was deleted?)"
+                ) from None
+            return secret
+
+        found: dict[str, Any] = self._retrying(
+            f"reading Secret {self.namespace}/{name}", read, "get on secrets"
+        )
+        return found
+
     def remove(self, target: ExportTargetObject, stack: StackRef) -> str:
         resource = self._resource(target.kind)
 
