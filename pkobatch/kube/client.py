@@ -435,8 +435,12 @@ class Kube:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
+        transform: Callable[[JSON], JSON] | None = None,
     ) -> tuple[list[JSON], str]:
-        """All items (following ``continue`` tokens) and the list's resourceVersion."""
+        """All items (following ``continue`` tokens) and the list's resourceVersion.
+
+        ``transform`` is applied to each item as its page arrives, so a cache that keeps
+        part of each object never holds every whole object at once."""
         items: list[JSON] = []
         token: str | None = None
         while True:
@@ -453,7 +457,7 @@ class Kube:
             for item in page.get("items") or []:
                 item.setdefault("apiVersion", res.api_version)
                 item.setdefault("kind", res.kind)
-                items.append(item)
+                items.append(transform(item) if transform else item)
             meta = page.get("metadata") or {}
             token = meta.get("continue") or None
             if not token:

@@ -27,14 +27,15 @@ from typing import Any, Final
 
 from pkobatch.api.constants import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.config import Settings
+from pkobatch.controller.cache import cache_job, cache_result, cache_stack
 from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, Kube, Resource
 from pkobatch.runtime.health import HttpEndpoints, Response, health_routes
 from pkobatch.runtime.interfaces import ReconcilerFactory, Service, StackKey, Stores
 from pkobatch.runtime.leader import LeaderElector
 from pkobatch.runtime.metrics import Metrics
-from pkobatch.runtime.reflector import Reflector
+from pkobatch.runtime.reflector import Reflector, Transform
 from pkobatch.runtime.sources import FluxSourceWatches
-from pkobatch.runtime.store import Store, stack_name_of
+from pkobatch.runtime.store import Store, slim, stack_name_of
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import WorkQueue
 
@@ -117,13 +118,25 @@ class Manager:
         )
         self.stores.flux_sources = self.flux_sources
         for namespace in namespaces:
-            watched: list[tuple[Resource, Store, str, EventHandler]] = [
-                (STACKS, self.stores.stacks, settings.label_selector, self._stack_changed),
-                (JOBS, self.stores.jobs, MANAGED_SELECTOR, self._child_changed),
-                (CONFIGMAPS, self.stores.configmaps, MANAGED_SELECTOR, self._child_changed),
-                (PROGRAMS, self.stores.programs, "", self._program_changed),
+            watched: list[tuple[Resource, Store, str, EventHandler, Transform]] = [
+                (
+                    STACKS,
+                    self.stores.stacks,
+                    settings.label_selector,
+                    self._stack_changed,
+                    cache_stack,
+                ),
+                (JOBS, self.stores.jobs, MANAGED_SELECTOR, self._child_changed, cache_job),
+                (
+                    CONFIGMAPS,
+                    self.stores.configmaps,
+                    MANAGED_SELECTOR,
+                    self._child_changed,
+                    cache_result,
+                ),
+                (PROGRAMS, self.stores.programs, "", self._program_changed, slim),
             ]
-            for resource, store, selector, handler in watched:
+            for resource, store, selector, handler, transform in watched:
                 self.reflectors.append(
                     Reflector(
                         kube,
@@ -134,6 +147,7 @@ class Manager:
                         label_selector=selector,
                         metrics=self.metrics,
                         read_timeout=read_timeout,
+                        transform=transform,
                     )
                 )
         election = settings.leader_election

@@ -14,6 +14,10 @@ The loop, and why each step is there:
    watch again after an exponential, jittered backoff; after ``RELIST_AFTER_FAILURES`` in a
    row, list again.
 
+Every object is passed through ``transform`` before it is stored (controller-runtime's
+cache ``TransformFunc``; by default ``store.slim``): a controller caches only what it reads.
+Listed objects are transformed page by page.
+
 ``on_change(old, new)`` runs on the reflector's thread for every change (``new`` is None on
 delete); it must only map and enqueue keys, never do work.
 """
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 
 JSON = dict[str, Any]
 OnChange = Callable[[JSON | None, JSON | None], None]
+Transform = Callable[[JSON], JSON]
 RELIST_AFTER_FAILURES: Final = 5
 # A watch that ends this fast without an error still counts as a failure, so a server
 # that keeps closing watches at once is not hammered.
@@ -57,6 +62,7 @@ class Reflector:
         watch_timeout: tuple[int, int] = (300, 600),
         read_timeout: float = 90.0,
         backoff: tuple[float, float] = (0.8, 30.0),
+        transform: Transform = slim,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -68,6 +74,7 @@ class Reflector:
         self._watch_timeout = watch_timeout
         self._read_timeout = read_timeout
         self._backoff = backoff
+        self._transform = transform
         self.name = resource.plural + (f"@{namespace}" if namespace else "")
         self.synced = threading.Event()
         self.resource_version = ""
@@ -148,11 +155,12 @@ class Reflector:
 
     def _list(self) -> None:
         items, resource_version = self._kube.list_objects(
-            self._resource, self._namespace, label_selector=self._label_selector
+            self._resource,
+            self._namespace,
+            label_selector=self._label_selector,
+            transform=self._transform,
         )
-        changed, deleted = self._store.replace(
-            (slim(item) for item in items), namespace=self._namespace
-        )
+        changed, deleted = self._store.replace(items, namespace=self._namespace)
         self.resource_version = resource_version
         self.lists += 1
         log.debug("%s: listed %d objects at %s", self.name, len(items), resource_version)
@@ -198,7 +206,7 @@ class Reflector:
     def _apply(self, event_type: str, obj: JSON) -> None:
         obj.setdefault("apiVersion", self._resource.api_version)
         obj.setdefault("kind", self._resource.kind)
-        slim(obj)
+        obj = self._transform(obj)
         if event_type == "DELETED":
             self._store.delete(obj)
             self._on_change(obj, None)

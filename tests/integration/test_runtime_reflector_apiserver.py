@@ -3,13 +3,15 @@ ConfigMaps indexed by Stack, and a re-list after the server answers a watch with
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from pkobatch.api.constants import STACK_LABEL
+from pkobatch.api.constants import RESULT_KEY, STACK_LABEL
+from pkobatch.controller.cache import cache_result
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, STACKS, Kube, WatchStream
 from pkobatch.runtime.reflector import Reflector
@@ -158,3 +160,60 @@ def test_expired_watch_relists_and_reports_changes_missed_meanwhile(
     finally:
         reflector.stop()
         stale.close()
+
+
+def test_listed_and_watched_objects_are_cached_through_the_transform(
+    kube: Kube, namespace: str, reflectors: list[Reflector]
+) -> None:
+    """The controller's result transform on the real server: a result listed at start and
+    one that arrives by watch are both stored reduced to the fields folding reads."""
+
+    def result_configmap(name: str) -> JSON:
+        result = {
+            "operation": "up",
+            "state": "succeeded",
+            "reason": "Succeeded",
+            "stack": {"name": "web", "namespace": namespace, "uid": "u"},
+            "jobName": name,
+            "pulumiVersion": "3.259.0",
+            "changes": {"create": 1},
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "pkobatch", STACK_LABEL: "web"},
+                "annotations": {"example.com/note": "not read by pkobatch"},
+            },
+            "data": {RESULT_KEY: json.dumps(result)},
+        }
+
+    kube.create(CONFIGMAPS, result_configmap("listed"), namespace)
+    store, changes = Store(), Changes()
+    reflector = Reflector(
+        kube,
+        CONFIGMAPS,
+        store,
+        changes,
+        namespace=namespace,
+        label_selector="app.kubernetes.io/managed-by=pkobatch",
+        transform=cache_result,
+    )
+    reflectors.append(reflector)
+    reflector.start()
+    wait_until(reflector.synced.is_set, timeout=30, what="first list")
+    kube.create(CONFIGMAPS, result_configmap("watched"), namespace)
+    wait_until(lambda: changes.has("added", "watched"), timeout=30, what="ADDED watched")
+    for name in ("listed", "watched"):
+        cached = store.get(namespace, name)
+        assert cached is not None
+        assert "managedFields" not in cached["metadata"]
+        assert "annotations" not in cached["metadata"]
+        kept = json.loads(cached["data"][RESULT_KEY])
+        assert kept["jobName"] == name and kept["state"] == "succeeded"
+        assert "pulumiVersion" not in kept and "changes" not in kept
+    assert [cm["metadata"]["name"] for cm in store.for_stack(namespace, "web")] == [
+        "listed",
+        "watched",
+    ]

@@ -1,0 +1,136 @@
+"""What the controller keeps of each watched object: reflector transforms (controller-runtime's
+cache ``TransformFunc``), applied to every listed and watched object before it is stored.
+
+With thousands of Stacks and a few runs of history each, the cache holds tens of thousands
+of Jobs and result ConfigMaps; kept whole, their pod templates and run records would make
+the controller's memory grow with history. So the cache keeps only what the controller
+reads:
+
+- every object: no ``managedFields``; only the annotations pkobatch or PKO define
+  (``pkobatch.io/``, ``pulumi.com/``); label keys and values, kinds and API versions are
+  interned (the same few strings repeat in every object);
+- Jobs: metadata, ``spec.activeDeadlineSeconds`` (the deadline a failed run reports) and
+  ``status``; not the pod template, which is most of a Job and only the Job controller reads;
+- result ConfigMaps: metadata and ``result.json`` reduced to the fields folding reads
+  (``FOLDED_RESULT_FIELDS``); unreadable JSON is kept as it is, so folding reports it.
+
+Live reads (``Kube.get``) return whole objects; nothing here changes what is written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pkobatch.api.constants import PREFIX, RESULT_KEY
+
+JSON = dict[str, Any]
+KEPT_ANNOTATION_PREFIXES: Final = (f"{PREFIX}/", "pulumi.com/")
+KEPT_METADATA: Final = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+)
+KEPT_JOB_SPEC: Final = ("activeDeadlineSeconds",)
+# The RunResult fields pkobatch.controller.fold and plan read (``read_result``, ``job_outcome``,
+# ``fold_status``, outputs, project info, drift, cleared locks) and the ones the model requires.
+FOLDED_RESULT_FIELDS: Final = frozenset(
+    {
+        "schemaVersion",
+        "operation",
+        "driftCheck",
+        "state",
+        "reason",
+        "message",
+        "stack",
+        "jobName",
+        "generation",
+        "reconcileRequest",
+        "commit",
+        "endTime",
+        "outputs",
+        "secretOutputs",
+        "driftedResources",
+        "permalink",
+        "projectInfo",
+        "clearedLocks",
+    }
+)
+
+
+def _interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        sys.intern(str(key)): sys.intern(value) if isinstance(value, str) else value
+        for key, value in mapping.items()
+    }
+
+
+def _metadata(meta: Mapping[str, Any]) -> JSON:
+    kept: JSON = {key: meta[key] for key in KEPT_METADATA if key in meta}
+    if "namespace" in kept:
+        kept["namespace"] = sys.intern(str(kept["namespace"]))
+    if kept.get("labels"):
+        kept["labels"] = _interned(kept["labels"])
+    annotations = {
+        key: value
+        for key, value in (kept.get("annotations") or {}).items()
+        if key.startswith(KEPT_ANNOTATION_PREFIXES)
+    }
+    if annotations:
+        kept["annotations"] = _interned(annotations)
+    else:
+        kept.pop("annotations", None)
+    if kept.get("ownerReferences"):
+        kept["ownerReferences"] = [_interned(owner) for owner in kept["ownerReferences"]]
+    return kept
+
+
+def _type(obj: Mapping[str, Any]) -> JSON:
+    return {key: sys.intern(str(obj[key])) for key in ("apiVersion", "kind") if key in obj}
+
+
+def cache_stack(obj: JSON) -> JSON:
+    """A Stack as cached: everything the controller reads, which is all but metadata noise."""
+    kept = {**obj, **_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
+    return kept
+
+
+def cache_job(obj: JSON) -> JSON:
+    """A Job as cached: metadata, its deadline and its status."""
+    spec = obj.get("spec") or {}
+    kept: JSON = {**_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
+    kept["spec"] = {key: spec[key] for key in KEPT_JOB_SPEC if key in spec}
+    if "status" in obj:
+        kept["status"] = obj["status"]
+    return kept
+
+
+def folded_result(text: str) -> str:
+    """``result.json`` with only the fields folding reads; unreadable text as it is."""
+    try:
+        result = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(result, dict):
+        return text
+    kept = {key: value for key, value in result.items() if key in FOLDED_RESULT_FIELDS}
+    return json.dumps(kept, separators=(",", ":"))
+
+
+def cache_result(obj: JSON) -> JSON:
+    """A result ConfigMap as cached: metadata and the folded fields of ``result.json``."""
+    kept: JSON = {**_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
+    text = (obj.get("data") or {}).get(RESULT_KEY)
+    if isinstance(text, str):
+        kept["data"] = {RESULT_KEY: folded_result(text)}
+    return kept

@@ -1,0 +1,162 @@
+"""What the controller caches of each object (pkobatch.controller.cache): small, and every
+decision ``plan`` makes from the cached objects is the one it makes from the whole ones."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from test_plan import World, deployed_world  # the unit tier's Stack world
+
+from pkobatch.api.constants import (
+    RECONCILE_REQUEST_ANNOTATION,
+    RESULT_KEY,
+    RUN_ANNOTATION,
+)
+from pkobatch.api.run import RunResult
+from pkobatch.controller.cache import (
+    FOLDED_RESULT_FIELDS,
+    cache_job,
+    cache_result,
+    cache_stack,
+    folded_result,
+)
+from pkobatch.controller.jobs import Run, builtin_template
+from pkobatch.controller.observe import owned_by
+from pkobatch.controller.plan import Observed, Plan, plan
+from pkobatch.runtime.store import stack_name_of
+
+JSON = dict[str, Any]
+MANAGED_FIELDS = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]
+
+
+def noisy(obj: JSON) -> JSON:
+    """``obj`` as the API server sends it: managed fields and foreign annotations."""
+    obj = copy.deepcopy(obj)
+    meta = obj.setdefault("metadata", {})
+    meta["managedFields"] = MANAGED_FIELDS
+    meta.setdefault("annotations", {})["argocd.argoproj.io/tracking-id"] = "app:pulumi.com/Stack"
+    return obj
+
+
+class CachedWorld(World):
+    """The same world, planned from what the controller's cache keeps."""
+
+    def plan(self) -> Plan:
+        observed = Observed(
+            stack=cache_stack(noisy(self.stack)),
+            jobs=[cache_job(noisy(job)) for job in self.jobs.values()],
+            results={name: cache_result(noisy(cm)) for name, cm in self.results.items()},
+            now=self.now,
+            source=self.source,
+            source_object=self.source_object,
+            prerequisites=self.prerequisites,
+            namespace_terminating=self.namespace_terminating,
+            slot_available=self.slot_available,
+            pod_creation_failures=self.pod_creation_failures,
+            run_pods=self.run_pods,
+        )
+        return plan(observed, self.settings, builtin_template())
+
+
+def same_plans(whole: World, cached: World) -> Plan:
+    """Step both worlds once; their plans must agree on everything they write."""
+    expected, got = whole.step(), cached.step()
+    assert got.status == expected.status
+    assert got.create_job == expected.create_job
+    assert got.delete_jobs == expected.delete_jobs
+    assert got.delete_results == expected.delete_results
+    assert got.finalizer == expected.finalizer
+    assert got.requeue_after == expected.requeue_after
+    assert [(e.reason, e.message) for e in got.events] == [
+        (e.reason, e.message) for e in expected.events
+    ]
+    return got
+
+
+def test_a_run_folds_the_same_from_the_cache_outputs_secrets_and_project_info() -> None:
+    whole, cached = World(), CachedWorld()
+    same_plans(whole, cached)
+    for world in (whole, cached):
+        world.finish(outputs={"url": "http://x", "pass": "hunter2"}, secret_outputs=["pass"])
+    folded = same_plans(whole, cached)
+    assert folded.status is not None and folded.status["outputs"]["pass"] == "[secret]"
+    assert folded.status["projectInfo"] == {"name": "app", "runtime": "python"}
+
+
+def test_failures_retries_deadlines_and_history_plan_the_same_from_the_cache() -> None:
+    whole, cached = World(), CachedWorld()
+    same_plans(whole, cached)
+    pruned = []
+    for _ in range(7):  # more runs than the history keeps: old Jobs are pruned
+        for world in (whole, cached):
+            world.finish(state="failed", reason="ProgramError", message="boom")
+        pruned += same_plans(whole, cached).delete_jobs
+        for world in (whole, cached):
+            world.advance(3600)
+            world.edit_spec(branch=f"b{world.counter}")
+        same_plans(whole, cached)
+    assert pruned, "the history limit pruned old Jobs"
+    for world in (whole, cached):
+        world.annotate(RECONCILE_REQUEST_ANNOTATION, "now")
+    same_plans(whole, cached)
+    for world in (whole, cached):
+        world.fail_job(reason="DeadlineExceeded")
+    deadline = same_plans(whole, cached)
+    assert deadline.status is not None
+    assert "deadline of" in deadline.status["lastUpdate"]["message"]
+
+
+def test_a_job_keeps_what_the_controller_reads_and_loses_its_pod_template() -> None:
+    world = World()
+    world.step()
+    job = noisy(next(iter(world.jobs.values())))
+    job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    cached = cache_job(job)
+    assert Run.from_job(cached) == Run.from_job(job) is not None
+    assert owned_by(cached, "stack-uid") and stack_name_of(cached) == "app"
+    assert cached["metadata"]["deletionTimestamp"] == "2026-01-01T00:00:00Z"
+    assert cached["spec"] == {"activeDeadlineSeconds": job["spec"]["activeDeadlineSeconds"]}
+    assert cached["status"] == job["status"]
+    assert "managedFields" not in cached["metadata"]
+    assert set(cached["metadata"]["annotations"]) >= {RUN_ANNOTATION}
+    assert "argocd.argoproj.io/tracking-id" not in cached["metadata"]["annotations"]
+    assert len(json.dumps(cached)) * 3 < len(json.dumps(job)), "the pod template is most of it"
+
+
+def test_a_stack_loses_only_metadata_noise() -> None:
+    world = deployed_world()
+    world.annotate(RECONCILE_REQUEST_ANNOTATION, "r1")
+    world.stack["metadata"]["labels"] = {"team": "a"}
+    stack = noisy(world.stack)
+    cached = cache_stack(stack)
+    assert cached["spec"] == stack["spec"] and cached["status"] == stack["status"]
+    assert cached["metadata"]["annotations"] == {RECONCILE_REQUEST_ANNOTATION: "r1"}
+    assert cached["metadata"]["labels"] == {"team": "a"}
+    assert cached["metadata"]["finalizers"] == stack["metadata"]["finalizers"]
+    assert "managedFields" not in cached["metadata"]
+
+
+def test_result_json_keeps_the_folded_fields_only() -> None:
+    world = World()
+    world.step()
+    name = world.finish(outputs={"a": 1})
+    configmap = world.results[name]
+    full = json.loads(configmap["data"][RESULT_KEY])
+    full.update(changes={"create": 3}, pulumiVersion="3.259.0", languageHost="inline-python")
+    configmap["data"] = {RESULT_KEY: json.dumps(full), "other": "x" * 1000}
+    cached = cache_result(noisy(configmap))
+    assert list(cached["data"]) == [RESULT_KEY]
+    kept = json.loads(cached["data"][RESULT_KEY])
+    assert set(kept) <= FOLDED_RESULT_FIELDS
+    assert {"changes", "pulumiVersion", "languageHost", "startTime"}.isdisjoint(kept)
+    assert kept == {key: value for key, value in full.items() if key in FOLDED_RESULT_FIELDS}
+    RunResult.model_validate_json(cached["data"][RESULT_KEY])
+    assert cached["metadata"]["ownerReferences"] == configmap["metadata"]["ownerReferences"]
+
+
+def test_an_unreadable_result_is_cached_as_it_is_so_folding_can_say_so() -> None:
+    assert folded_result("{not json") == "{not json"
+    assert folded_result("[1, 2]") == "[1, 2]"
+    assert "data" not in cache_result({"metadata": {"name": "x"}})
