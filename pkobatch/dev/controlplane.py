@@ -7,7 +7,15 @@ pods. Layout of ``state_dir``::
     pki/                 CA, serving cert, admin client cert, service-account key (kept)
     etcd/                etcd data (wiped on every start: each start is a fresh cluster)
     control-plane/*.log  output of etcd, kube-apiserver, kube-controller-manager
+    control-plane/audit.log  the API server's audit log of the requests of service accounts
+                         of ``pkobatch-system`` (the controller's; JSON lines, one per request
+                         as received): what tests count a controller's requests with
     kubeconfig           admin kubeconfig (client certificate in system:masters)
+
+kube-controller-manager may send 200 requests per second (burst 400) instead of its default
+20: at thousands of Stacks the Job controller's pod creations and status updates would
+otherwise set the pace of every run, and a benchmark would measure that limit instead of
+pkobatch.
 """
 
 from __future__ import annotations
@@ -54,6 +62,21 @@ _FALLBACK_ADVERTISE_ADDRESS: Final = "192.0.2.10"
 
 
 COMPONENTS: Final = ("etcd", "kube-apiserver", "kube-controller-manager")
+# Whose requests the API server's audit log records: the service accounts of the namespace
+# the controller runs in (tests/controller_harness.py, deploy/kustomize/base).
+AUDITED_NAMESPACE: Final = "pkobatch-system"
+AUDIT_POLICY: Final = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    # One line per request, written when it is received (a watch is logged when it starts).
+    "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+    "rules": [
+        {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{AUDITED_NAMESPACE}"]},
+        {"level": "None"},
+    ],
+}
+KCM_API_QPS: Final = 200
+KCM_API_BURST: Final = 400
 
 
 class ControlPlaneError(Exception):
@@ -130,6 +153,7 @@ class ControlPlane:
         self.pki = Pki(self.state_dir / "pki")
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.log_dir = self.state_dir / "control-plane"
+        self.audit_log = self.log_dir / "audit.log"
         self.endpoints: Endpoints | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._components: dict[str, _Component] = {}
@@ -359,6 +383,9 @@ class ControlPlane:
         assert self.endpoints is not None
         pki = self.pki
         context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        audit_policy = self.log_dir / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         self._spawn(
             "kube-apiserver",
             [
@@ -385,6 +412,10 @@ class ControlPlane:
                 # Less background work on small CI machines; nothing here depends on them.
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxbackup=1",
             ],
             f"{self.server}/readyz",
             context,
@@ -412,6 +443,8 @@ class ControlPlane:
                 f"--root-ca-file={pki.ca_cert}",
                 "--use-service-account-credentials=false",
                 "--leader-elect=false",
+                f"--kube-api-qps={KCM_API_QPS}",
+                f"--kube-api-burst={KCM_API_BURST}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.endpoints.controller_manager_port}",
                 f"--cert-dir={certs}",
