@@ -66,8 +66,9 @@ def test_over_any_window_at_most_burst_plus_qps_times_its_length_are_granted() -
     assert grants[-1] - start == pytest.approx((500 - 10) / 5)
 
 
-def test_threads_share_one_bucket() -> None:
-    limiter = TokenBucket(1000, 1)
+def test_threads_share_one_bucket_and_each_gets_its_own_slot() -> None:
+    clock = FakeClock()  # time stands still: only the reservations order the callers
+    limiter = bucket(1000, 1, clock)
     waits: list[float] = []
     lock = threading.Lock()
 
@@ -82,9 +83,8 @@ def test_threads_share_one_bucket() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    # 100 requests through a 1-token bucket: all but the first waited for their token.
-    assert len(waits) == 100
-    assert sum(1 for waited in waits if waited > 0) >= 99
+    # 100 requests through a 1-token bucket at 1000/s: one slot each, 1 ms apart.
+    assert sorted(waits) == pytest.approx([index / 1000 for index in range(100)])
 
 
 @pytest.mark.parametrize(("qps", "burst"), [(0, 1), (-1, 1), (1, 0)])
