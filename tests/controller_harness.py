@@ -148,8 +148,8 @@ class ControllerProcess:
             "PKOBATCH_POLL_INTERVAL": "2s",
             "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "20s",
             "PKOBATCH_LOG_FORMAT": "text",
-            # The tests' git server (tests/conftest.py) serves plain http on loopback; the
-            # controller sends credentials there only because of this opt-in.
+            # The tests' git server (tests/fixture_plugins/git.py) serves plain http on
+            # loopback; the controller sends credentials there only because of this opt-in.
             INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
         }
         env = self.cluster.env(**{**settings, **self.extra_env})

@@ -20,10 +20,11 @@ another session on the same machine cannot produce a false finding. A report nam
 sentinel's label and the place, never the value.
 
 ``plant(label)`` returns a fresh sentinel; ``register(value, label)`` adopts a value made
-elsewhere (a generated password). The session fixture ``sentinel_session`` (autouse through
-``tests/conftest.py``) samples process arguments all session long and, at its teardown —
-the session's last, after the cluster's final scan — fails the session with every leak
-found. The ``namespace`` fixture fails the test whose namespace held a leak.
+elsewhere (a generated password). The session fixture ``sentinel_session`` (autouse: the
+root ``tests/conftest.py`` registers this module as a plugin) samples process arguments all
+session long and, at its teardown — the session's last, after the cluster's final scan —
+fails the session with every leak found. The ``namespace`` fixture fails the test whose
+namespace held a leak.
 """
 
 from __future__ import annotations

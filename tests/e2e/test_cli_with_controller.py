@@ -22,7 +22,6 @@ from pkobatch.dev import processes
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.kube.client import CLUSTERROLES, JOBS, ROLEBINDINGS, SECRETS, STACKS, Kube
 
-pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 JSON = dict[str, Any]
 PASSPHRASE_SECRET = "pulumi-passphrase"

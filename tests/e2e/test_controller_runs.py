@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     LOOPBACK_GIT_HOST,
@@ -58,7 +57,6 @@ from pkobatch.kube.client import (
 )
 from pkobatch.runner.embedded import fallback_env_name
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 

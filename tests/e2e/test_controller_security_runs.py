@@ -1,5 +1,5 @@
 """Security end to end: real control plane, controller under its own RBAC, real runner and
-Pulumi CLI, test programs served by the loopback http git server of tests/conftest.py.
+Pulumi CLI, test programs served by the loopback http git server of tests/fixture_plugins/git.py.
 
 - git credentials never go over plain http:// without the operator's opt-in
   (``PKOBATCH_INSECURE_HTTP_GIT_HOSTS``): the server records every request and whether it
@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     ControllerProcess,
@@ -29,8 +28,6 @@ from controller_harness import (
 )
 
 from pkobatch.kube.client import Kube
-
-pytestmark = pytest.mark.e2e
 
 
 def start_controller(cluster: Any, namespace: str, work_dir: Path, **env: str) -> ControllerProcess:

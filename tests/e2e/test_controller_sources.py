@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from controller_harness import (
     ControllerProcess,
     apply_stack,
@@ -49,7 +48,6 @@ from pkobatch.kube.client import (
     flux_source_resource,
 )
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 
 

@@ -14,8 +14,6 @@ from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatc
 
 from pkobatch.dev.processes import wait_until
 
-pytestmark = pytest.mark.e2e
-
 # Building nothing, the demo takes about a minute; a slow, shared CI machine gets far more.
 DEMO_TIMEOUT = 1500
 

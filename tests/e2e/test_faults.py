@@ -35,7 +35,7 @@ from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, CORE_EVENTS, JOBS, PODS, STACKS, Kube
 
 # Longer than any wait below, so a wait's own error (which Stacks, in which state) is reported.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 JSON = dict[str, Any]
 STUB_RUN = Path(__file__).resolve().parents[2] / "bench" / "fanout.py"
 SETTLE_TIMEOUT = 900.0

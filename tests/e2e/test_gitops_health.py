@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
 from controller_harness import (
     ControllerProcess,
@@ -31,7 +30,6 @@ from pkobatch.dev.processes import wait_until
 from pkobatch.dev.tools import Tools
 from pkobatch.kube.client import STACKS, Kube
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 HOLD = "pkobatch.io/gitops-health-test"
 

@@ -57,7 +57,6 @@ from pkobatch.kube.client import (
     Kube,
 )
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 RELEASE = "pkobatch"
 RELEASE_NAMESPACE = "pkobatch-system"

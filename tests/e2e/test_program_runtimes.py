@@ -43,7 +43,6 @@ from pkobatch.kube.client import (
     NotFound,
 )
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 APP = "guestbook"  # no secret value of the test (e.g. git user "pkobatch") in it
 PROGRAM_LABEL = "pkobatch.io/test-program"

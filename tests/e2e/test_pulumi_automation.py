@@ -17,8 +17,6 @@ from pkobatch.runner.cancel import Budget, Cancellation
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace
 from pkobatch.runner.stack_config import ConfigItem, plan_config
 
-pytestmark = pytest.mark.e2e
-
 
 def test_up_preview_refresh_destroy(
     automation_stack: Callable[..., auto.Stack], pulumi_env: Any

@@ -34,7 +34,7 @@ from pkobatch.kube.client import JOBS, SECRETS, Kube
 from pkobatch.runner.embedded import fallback_env_name
 
 # A cold build of the bundle (the session's first use) takes minutes on 2 busy cores.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 JSON = dict[str, Any]
 SYSTEM_PATH = ["/usr/bin", "/bin"]
 VENV_BIN = str(Path(sys.executable).parent)

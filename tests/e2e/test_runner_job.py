@@ -45,8 +45,6 @@ from pkobatch.kube.client import (
     Kube,
 )
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).parents[2]
 RUNNER_ROLE = REPO / "deploy" / "kustomize" / "base" / "runner-clusterrole.yaml"
 RUNNER_BINDING = REPO / "deploy" / "kustomize" / "runner" / "rolebinding.yaml"

@@ -20,8 +20,6 @@ import yaml
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
 from pkobatch.runner.embedded import fallback_env_name
 
-pytestmark = pytest.mark.e2e
-
 RUN_TIMEOUT = 300
 
 

@@ -41,7 +41,6 @@ from pkobatch.kube.client import (
     Kube,
 )
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 RUN_LABELS = {"app.kubernetes.io/managed-by": "pkobatch"}
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -35,8 +35,6 @@ RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 
 JSON = dict[str, Any]
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="session")
 def controller_rbac(cluster: Any) -> None:

@@ -29,7 +29,6 @@ from controller_harness import (
 from pkobatch.controller.fold import parse_time
 from pkobatch.kube.client import JOBS, STACKS, Kube, Resource
 
-pytestmark = pytest.mark.integration
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 QPS = 5
 BURST = 10

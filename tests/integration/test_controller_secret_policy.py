@@ -12,8 +12,6 @@ from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA, install_cont
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import JOBS, SECRETS, Kube, KubeError
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="session")
 def controller_rbac(cluster: Any) -> None:

@@ -31,7 +31,6 @@ from pkobatch.api.constants import STACK_LABEL
 from pkobatch.api.pod_security import LEVELS, Level, check_pod
 from pkobatch.kube.client import JOBS, NAMESPACES, PODS, Kube, KubeError
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 
 PRIVILEGED_CONTAINER = {"name": "pulumi", "securityContext": {"privileged": True}}

@@ -26,8 +26,6 @@ from pkobatch.kube.client import (
     Unauthorized,
 )
 
-pytestmark = pytest.mark.integration
-
 
 def test_real_kubernetes_version(kube: Kube, cluster: Any) -> None:
     version = kube.request("GET", "/version")

@@ -16,8 +16,6 @@ from dev_env import alive, cmdline, environment_pids, leftovers, listening_ports
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, JOBS, Kube
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def state(tmp_path: Path) -> Iterator[Path]:

@@ -15,7 +15,6 @@ import yaml
 
 from pkobatch.kube.client import CRDS, NAMESPACES, STACKS, AlreadyExists, Invalid, Kube
 
-pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 JSON = dict[str, Any]
 

@@ -22,7 +22,6 @@ from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import LEASES, STACKS, Kube
 from pkobatch.runtime.leader import LeaderElector, micro_time
 
-pytestmark = pytest.mark.integration
 LEASE = "pkobatch-test"
 
 

@@ -17,7 +17,6 @@ from deploy_render import KUBECTL, KUSTOMIZE, template, user_kustomization
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CRDS
 
-pytestmark = pytest.mark.integration
 OPERATOR_KINDS = ("servicemonitors", "prometheusrules")
 
 

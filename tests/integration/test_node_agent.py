@@ -30,7 +30,6 @@ from pkobatch.kube.client import (
     Kube,
 )
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 
 

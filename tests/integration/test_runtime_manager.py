@@ -22,7 +22,6 @@ from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult, StackKey, Sto
 from pkobatch.runtime.manager import Manager
 from pkobatch.runtime.metrics import Metrics
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 MANAGED = {"app.kubernetes.io/managed-by": "pkobatch"}
 

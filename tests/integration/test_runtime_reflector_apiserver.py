@@ -17,7 +17,6 @@ from pkobatch.kube.client import CONFIGMAPS, STACKS, Kube, WatchStream
 from pkobatch.runtime.reflector import Reflector
 from pkobatch.runtime.store import Store
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 
 

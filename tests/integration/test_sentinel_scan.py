@@ -16,12 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from sentinels import ArgumentWatch, encodings, scan_logs, scan_objects
 
 from pkobatch.kube.client import CONFIGMAPS, CORE_EVENTS, EVENTS, JOBS, PODS, STACKS, Kube
 
-pytestmark = pytest.mark.integration
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -189,7 +187,7 @@ def test_a_sentinel_in_a_process_argument_list_or_a_log_is_found(tmp_path: Path)
 
 
 def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess[str]:
-    """A separate pytest session with the sentinel fixtures of tests/conftest.py."""
+    """A separate pytest session with the sentinel fixtures of tests/sentinels.py."""
     root = tmp_path / "inner"
     root.mkdir(parents=True)
     (root / "conftest.py").write_text(

@@ -1,7 +1,10 @@
 """The test tree itself: pytest's default import mode needs unique test module names."""
 
+import re
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -10,3 +13,21 @@ def test_test_module_names_are_unique_across_tiers() -> None:
     names = Counter(path.name for path in TESTS.rglob("test_*.py"))
     duplicates = sorted(name for name, count in names.items() if count > 1)
     assert duplicates == [], f"rename these so unit/integration/e2e do not collide: {duplicates}"
+
+
+def test_tier_markers_come_from_the_folder() -> None:
+    """tests/conftest.py marks every test with its folder's tier; a module marking itself could
+    contradict its folder."""
+    tier_mark = re.compile(r"pytest\.mark\.(unit|integration|e2e)\b")
+    marked = sorted(
+        str(path.relative_to(TESTS))
+        for path in TESTS.rglob("test_*.py")
+        if tier_mark.search(path.read_text())
+    )
+    assert marked == [], f"drop the tier marker of these modules (their folder sets it): {marked}"
+
+
+def test_a_test_carries_the_marker_of_its_folder(request: pytest.FixtureRequest) -> None:
+    assert request.node.get_closest_marker("unit") is not None
+    assert request.node.get_closest_marker("integration") is None
+    assert request.node.get_closest_marker("e2e") is None

@@ -1,0 +1,88 @@
+"""Built real components (``scripts/tools.sh``): locating them and their fixtures.
+
+Missing binaries: with ``CI=true`` a test needing them fails; locally it is skipped with
+the command that builds them.
+
+Session scope
+-------------
+``pulumi_bin`` -> Path: the bin dir of the built Pulumi CLI. ``yaml_host`` and
+``kubernetes_provider`` -> Path: the bin dirs of ``pulumi-language-yaml`` and
+``pulumi-resource-kubernetes`` (requiring them; both are on ``pulumi_env``'s PATH when built).
+
+``health_tools`` -> ``Tools``: Argo CD's health check for Stacks and the kstatus program.
+
+``all_tools`` -> ``Tools``: etcd, Kubernetes and Pulumi, all built (for tests that start their
+own environment with ``pkobatch dev``).
+
+``helm_bin`` -> Path: the built ``helm``; ``promtool_bin`` -> Path: the built ``promtool``;
+``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files
+(``scripts/tools.sh helm promtool prometheus_operator``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_tools(components: tuple[Component, ...]) -> Tools:
+    """The built components, or fail (CI) / skip (locally) saying how to build them."""
+    try:
+        return find_tools(components)
+    except ToolsMissing as exc:
+        if in_ci():
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def pulumi_bin() -> Path:
+    return require_tools(("pulumi",)).bin_dir("pulumi")
+
+
+@pytest.fixture(scope="session")
+def yaml_host(pulumi_bin: Path) -> Path:
+    """The bin dir of ``pulumi-language-yaml`` (``pulumi_env`` puts it on PATH)."""
+    return require_tools(("yaml",)).bin_dir("yaml")
+
+
+@pytest.fixture(scope="session")
+def kubernetes_provider(yaml_host: Path) -> Path:
+    """The bin dir of ``pulumi-resource-kubernetes`` (an ambient plugin on ``pulumi_env``'s
+    and the node agent's PATH); the test programs using it are YAML and Python."""
+    return require_tools(("kubernetes_provider",)).bin_dir("kubernetes_provider")
+
+
+@pytest.fixture(scope="session")
+def health_tools() -> Tools:
+    """Argo CD's health check for Stacks and the kstatus program (tests/health_checks.py)."""
+    return require_tools(("argocd_health", "kstatus"))
+
+
+@pytest.fixture(scope="session")
+def all_tools() -> Tools:
+    """Every built component, for tests that start their own environment (``pkobatch dev``)."""
+    return require_tools(("etcd", "kubernetes", "pulumi"))
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    return Path(require_tools(("helm",)).binary("helm", "helm"))
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> Path:
+    return Path(require_tools(("promtool",)).binary("promtool", "promtool"))
+
+
+@pytest.fixture(scope="session")
+def prometheus_operator_crds() -> Path:
+    return require_tools(("prometheus_operator",)).bin_dir("prometheus_operator") / "crds"
