@@ -39,7 +39,8 @@ from typing import Any, Final
 from pkobatch.api.constants import APPROVE_ANNOTATION, REJECT_ANNOTATION
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import MAX_PLANNED_RESOURCES
-from pkobatch.controller.fold import Outcome, format_time, parse_time
+from pkobatch.api.timestamps import format_time, parse_time
+from pkobatch.controller.fold import Outcome
 from pkobatch.controller.jobs import Run, plan_secret_name, short_hash
 
 JSON = dict[str, Any]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -43,31 +43,16 @@ from pydantic import ValidationError
 from pkobatch.api.constants import RESULT_KEY
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
+from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.controller.jobs import Run
 
 JSON = dict[str, Any]
-TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
 # Job condition reasons (batch/v1) and the pod failure policy's message for disruptions.
 JOB_REASON_DEADLINE: Final = "DeadlineExceeded"
 JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
 POD_CREATION_FAILED: Final = "PodCreationFailed"
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
 _OUTPUT_KEY_INVALID: Final = re.compile(r"[^-._a-zA-Z0-9]")
-
-
-def format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime(TIME_FORMAT)
-
-
-def parse_time(text: Any) -> datetime | None:
-    """An RFC 3339 timestamp from the API (None when absent or unreadable)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _condition(job: Mapping[str, Any], condition_type: str) -> Mapping[str, Any] | None:

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
 from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
-from pkobatch.controller.fold import format_time
+from pkobatch.api.timestamps import format_time
 
 JSON = dict[str, Any]
 

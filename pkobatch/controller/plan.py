@@ -85,6 +85,7 @@ from pkobatch.api.noop import noop_fields_in_use
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
+from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.config import Settings
 from pkobatch.controller import approval
 from pkobatch.controller.fold import (
@@ -95,12 +96,10 @@ from pkobatch.controller.fold import (
     cancelled_outcome,
     folded_last_update,
     folded_outputs,
-    format_time,
     job_deleting,
     job_finished,
     job_outcome,
     job_without_pod,
-    parse_time,
     pod_creation_outcome,
     pod_start_outcome,
     same_commit,

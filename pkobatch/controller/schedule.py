@@ -25,8 +25,8 @@ from typing import Any, Final
 from pkobatch.api.constants import PKO_MIN_RESYNC_SECONDS
 from pkobatch.api.schedule import DueRun, ScheduleError, due_run, next_time
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
+from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings
-from pkobatch.controller.fold import parse_time
 
 MIN_RESYNC: Final = timedelta(seconds=PKO_MIN_RESYNC_SECONDS)
 # 3^40 seconds is far beyond any cap; bounding the exponent keeps the float finite.

@@ -41,7 +41,7 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
 )
-from pkobatch.controller.fold import parse_time
+from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,

@@ -27,7 +27,7 @@ from controller_harness import (
 
 from pkobatch.api.constants import ABANDON_ANNOTATION, FINALIZER, OPERATION_LABEL, STACK_LABEL
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
-from pkobatch.controller.fold import parse_time
+from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import EVENTS, JOBS, PROGRAMS, SECRETS, STACKS, Kube, Resource
 

@@ -26,7 +26,7 @@ from controller_harness import (
     install_controller_rbac,
 )
 
-from pkobatch.controller.fold import parse_time
+from pkobatch.api.timestamps import parse_time
 from pkobatch.kube.client import JOBS, STACKS, Kube, Resource
 
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")

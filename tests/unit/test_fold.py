@@ -10,13 +10,13 @@ import pytest
 from pkobatch.api.constants import RESULT_KEY
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import RunResult, StackRef
+from pkobatch.api.timestamps import parse_time
 from pkobatch.controller.fold import (
     Outcome,
     folded_last_update,
     folded_outputs,
     job_outcome,
     metric_result,
-    parse_time,
     read_result,
     same_commit,
     sanitize_output_key,
