@@ -48,6 +48,7 @@ from pkobatch.api.hints import (
     PRESERVE_UNKNOWN,
     CrdHint,
 )
+from pkobatch.api.operation_request import RequestState
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.schedule import load_time_zone
 
@@ -809,7 +810,7 @@ class OperationRequestStatus(_Model):
     operation: str | None = Field(
         default=None, description="up, preview, refresh, destroy or cancel."
     )
-    state: Literal["Pending", "Running", "Succeeded", "Failed", "Rejected"] | None = Field(
+    state: RequestState | None = Field(
         default=None, description="Pending, Running, Succeeded, Failed or Rejected."
     )
     job_name: str | None = Field(default=None, description="The Job that ran (or was cancelled).")

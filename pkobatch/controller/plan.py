@@ -82,6 +82,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
+from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, split_request
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
@@ -151,8 +152,6 @@ NO_DRIFT_REASON: Final = "NoDrift"
 DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
 REMEDIATED_REASON: Final = "Remediated"
 
-RequestState = Literal["Pending", "Running", "Succeeded", "Failed", "Rejected"]
-REQUEST_OPERATIONS: Final = (*OPERATIONS, "cancel")
 SCHEDULE_TRIGGER_PREFIX: Final = "schedule:"
 DRIFT_TRIGGER_PREFIX: Final = "drift:"
 
@@ -799,7 +798,7 @@ class _Planner:
         current = self.status.get("operationRequest") or {}
         if value and current.get("request") != value:
             self._request_status(
-                value, _split_request(value)[0], "Rejected", "", "the Stack is being deleted"
+                value, split_request(value)[0], "Rejected", "", "the Stack is being deleted"
             )
 
     # -- the normal path ------------------------------------------------------------------------
@@ -1207,7 +1206,7 @@ class _Planner:
         current = self.status.get("operationRequest") or {}
         if not value or (current.get("request") == value and current.get("state") != "Pending"):
             return False
-        operation, token = _split_request(value)
+        operation, token = split_request(value)
         if operation not in REQUEST_OPERATIONS or not token:
             self._request_status(
                 value,
@@ -1488,11 +1487,6 @@ def run_refusal(
     except JobBuildError as exc:
         return str(exc)
     return None
-
-
-def _split_request(value: str) -> tuple[str, str]:
-    operation, _, token = value.partition(":")
-    return operation.strip(), token.strip()
 
 
 def _operation_from_name(name: str) -> Operation:
