@@ -26,7 +26,8 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
 
 So a Stack never waits on an object that is gone. ``folded_last_update`` then applies PKO's
 bookkeeping: consecutive failures are counted for the same generation and reconcile request
-— a new commit does not reset the count (it starts one run at once, see ``plan``), so a
+(``retry.same_attempt_key``) — a new commit does not reset the count (it starts one run at
+once, see ``retry.sync_decision``), so a
 Stack failing on every commit still stalls; a success resets them.
 """
 
@@ -45,6 +46,7 @@ from pkobatch.api.messages import bound_message
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.controller.jobs import Run
+from pkobatch.controller.retry import same_attempt_key
 
 JSON = dict[str, Any]
 # Job condition reasons (batch/v1) and the pod failure policy's message for disruptions.
@@ -415,35 +417,11 @@ def cancelled_outcome(job_name: str, request: str, now: datetime) -> Outcome:
     return Outcome("failed", "Cancelled", f"run {job_name} was cancelled ({request})", now)
 
 
-_ABBREVIATED_SHA: Final = re.compile(r"[0-9a-f]{7,40}")
-
-
-def same_commit(first: str, second: str) -> bool:
-    """Equal revisions; an abbreviated SHA (spec.commit) matches its full form. Other
-    revisions (a Program's generation, a Flux artifact revision) match only exactly:
-    generation 1 is not generation 12."""
-    if first == second:
-        return True
-    shorter, longer = sorted((first, second), key=len)
-    return (
-        bool(_ABBREVIATED_SHA.fullmatch(shorter))
-        and bool(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", longer))
-        and longer.startswith(shorter)
-    )
-
-
-def same_attempt_key(previous: Mapping[str, Any], run: Run) -> bool:
-    """PKO counts failures for the same generation and reconcile request."""
-    return (
-        previous.get("generation") == run.generation
-        and (previous.get("reconcileRequest") or "") == run.reconcile_request
-    )
-
-
 def folded_last_update(
     previous: Mapping[str, Any] | None, run: Run, job_name: str, outcome: Outcome
 ) -> JSON:
-    """``status.lastUpdate`` after ``run`` ended with ``outcome`` (PKO's fields)."""
+    """``status.lastUpdate`` after ``run`` ended with ``outcome`` (PKO's fields); the failure
+    count follows ``retry.same_attempt_key``."""
     previous = previous or {}
     result = outcome.result
     commit = (result.commit if result is not None and result.commit else "") or run.commit

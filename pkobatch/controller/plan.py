@@ -36,7 +36,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from pkobatch.api.conditions import (
     READY_MESSAGE,
@@ -61,11 +61,9 @@ from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     OPERATIONS,
-    PERMANENT_RESULT_REASONS,
     RECONCILE_REQUEST_ANNOTATION,
     RECONCILING_APPROVAL_PENDING_REASON,
     RECONCILING_PREREQUISITE_REASON,
-    RECONCILING_PREVIEW_FAILED_REASON,
     RECONCILING_PROCESSING_REASON,
     RECONCILING_RETRY_REASON,
     RECONCILING_WAITING_FOR_SOURCE_REASON,
@@ -86,6 +84,7 @@ from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, spl
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
+from pkobatch.api.status import LastUpdate, last_update
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.config import Settings
 from pkobatch.controller import approval
@@ -103,7 +102,6 @@ from pkobatch.controller.fold import (
     job_without_pod,
     pod_creation_outcome,
     pod_start_outcome,
-    same_commit,
     vanished_outcome,
 )
 from pkobatch.controller.jobs import (
@@ -115,11 +113,16 @@ from pkobatch.controller.jobs import (
     build_run,
     job_name,
 )
-from pkobatch.controller.schedule import (
+from pkobatch.controller.retry import (
     cooldown,
+    cooldown_remaining,
+    failure_count,
+    resting_state,
+    sync_decision,
+)
+from pkobatch.controller.schedule import (
     drift_check_due,
     next_schedule_times,
-    resync_frequency,
     scheduled_run_due,
 )
 
@@ -762,7 +765,7 @@ class _Planner:
             and last.get("generation") == self.generation
             and (last.get("reconcileRequest") or "") == self.request
         ):
-            failures = int(last.get("failures") or 0)
+            failures = failure_count(cast(LastUpdate, last))
             if failures >= self.settings.retry.max_failures:
                 self._stalled(
                     STALLED_UPDATE_FAILED_REASON,
@@ -772,7 +775,7 @@ class _Planner:
                     f"{ABANDON_ANNOTATION}=true to delete the Stack without destroying",
                 )
                 return
-            wait = self._cooldown_remaining(last, failures)
+            wait = cooldown_remaining(cast(LastUpdate, last), self.spec, self.settings, self.now)
             if wait > timedelta(0):
                 self._reconciling(
                     RECONCILING_RETRY_REASON, f"destroy failed: {last.get('message')}"
@@ -980,47 +983,20 @@ class _Planner:
         self._stalled(STALLED_DESTROY_HELD_REASON, message)
         return True
 
-    def _cooldown_remaining(self, last: Mapping[str, Any], failures: int) -> timedelta:
-        assert self.spec is not None
-        resynced = parse_time(last.get("lastResyncTime")) or self.now
-        return resynced + cooldown(failures, self.spec, self.settings) - self.now
-
-    def _sync_reason(self, spec: StackSpec, commit: str | None) -> str | None:
-        """PKO's ``isSynced``: why the normal operation must run now (None: in sync)."""
-        last = self.status.get("lastUpdate") or {}
-        if not last:
-            return "initial stack update"
-        if last.get("generation") != self.generation:
-            return "new generation"
-        if (last.get("reconcileRequest") or "") != self.request:
-            return f"new {RECONCILE_REQUEST_ANNOTATION} value"
-        if last.get("state") == "succeeded":
-            if commit is not None and not same_commit(
-                str(last.get("lastSuccessfulCommit") or ""), commit
-            ):
-                return f"new commit {commit}"
-            if spec.continue_resync_on_commit_match:
-                due = (parse_time(last.get("lastResyncTime")) or self.now) + resync_frequency(spec)
-                if self.now >= due:
-                    return "resync period elapsed"
-                self._requeue_in(due - self.now)
-            return None
-        if commit is not None and not same_commit(
-            str(last.get("lastAttemptedCommit") or ""), commit
-        ):
-            return f"new commit {commit}"
-        failures = int(last.get("failures") or 0)
-        if failures >= self.settings.retry.max_failures or _permanent(last):
-            return None
-        wait = self._cooldown_remaining(last, failures)
-        if wait <= timedelta(0):
-            return "retrying after failure"
-        self._requeue_in(wait)
-        return None
-
     def _sync(self, spec: StackSpec, commit: str | None) -> bool:
         """Start the normal operation if out of sync; else set the resting conditions."""
-        reason = self._sync_reason(spec, commit)
+        decision = sync_decision(
+            last_update(self.status),
+            spec,
+            generation=self.generation,
+            reconcile_request=self.request,
+            commit=commit,
+            now=self.now,
+            settings=self.settings,
+        )
+        if decision.recheck is not None:
+            self._requeue_in(decision.recheck)
+        reason = decision.reason
         due = scheduled_run_due(spec, self.meta, self.status, self.now, self.settings)
         last = self.status.get("lastUpdate") or {}
         if reason is None and due is not None:
@@ -1066,35 +1042,14 @@ class _Planner:
             self.status["lastScheduleTime"] = moment
 
     def _resting(self, last: Mapping[str, Any]) -> None:
-        """Conditions when no run is needed right now (PKO's ready protocol)."""
-        if last.get("state") == "succeeded":
+        """Conditions when no run is needed right now (``retry.resting_state``)."""
+        resting = resting_state(cast(LastUpdate, last), self.settings)
+        if resting.kind == "ready":
             self._ready()
-            return
-        failures = int(last.get("failures") or 0)
-        kind = str(last.get("type") or "update")
-        if _permanent(last):
-            self._stalled(
-                STALLED_SPEC_INVALID_REASON,
-                f"{kind} failed and retrying cannot help; not retrying until the spec, the "
-                f"source or {RECONCILE_REQUEST_ANNOTATION} changes. Error: {last.get('message')}",
-            )
-            return
-        if failures >= self.settings.retry.max_failures:
-            self._stalled(
-                STALLED_UPDATE_FAILED_REASON,
-                f"{kind} failed {failures + 1} times in a row; not retrying until the spec, the "
-                f"source or {RECONCILE_REQUEST_ANNOTATION} changes. Last error: "
-                f"{last.get('message')}",
-            )
-            return
-        reason = (
-            RECONCILING_PREVIEW_FAILED_REASON if kind == "preview" else RECONCILING_RETRY_REASON
-        )
-        self._reconciling(
-            reason,
-            f"{failures + 1} {kind} failure(s); retrying with backoff. "
-            f"Last error: {last.get('message')}",
-        )
+        elif resting.kind == "stalled":
+            self._stalled(resting.reason, resting.message)
+        else:
+            self._reconciling(resting.reason, resting.message)
 
     def _prerequisites_ready(self, spec: StackSpec) -> bool:
         waiting: list[str] = []
@@ -1504,8 +1459,3 @@ def _changes_stack(run: Run) -> bool:
 
 def _running_message(run: Run, name: str) -> str:
     return f"{run.operation} {name} is in progress"
-
-
-def _permanent(last: Mapping[str, Any]) -> bool:
-    """The last run failed for a reason a retry cannot fix (e.g. a missing language host)."""
-    return last.get("state") == "failed" and last.get("reason") in PERMANENT_RESULT_REASONS

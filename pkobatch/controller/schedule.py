@@ -1,62 +1,22 @@
-"""When a Stack runs next: PKO's timing rules and pkobatch's cron schedules (pure).
+"""Cron schedules of a Stack: ``spec.schedule`` runs and drift checks (pure, given a clock).
 
-PKO v2.9's rules, kept as they are:
+Schedules follow Kubernetes CronJobs: the last handled time is in status
+(``lastScheduleTime``, ``lastDriftCheck.scheduledTime``); after downtime only the most
+recent missed time runs, and only within ``Settings.schedule_starting_deadline``.
 
-- ``resyncFreq = max(60 s, spec.resyncFrequencySeconds)`` — the period of
-  ``continueResyncOnCommitMatch`` re-runs;
-- after a failure, wait ``base · 3^failures`` (base 10 s, ``Settings.retry.base``), capped at
-  ``spec.retryMaxBackoffDurationSeconds`` when it is positive, else ``Settings.retry.cap``
-  (PKO's 24 h). As PKO's ``wait.Backoff`` does, the cap applies from the second wait on:
-  the first wait is always ``base``, even under a lower cap;
-- after ``Settings.retry.max_failures`` (3) counted failures: stalled, no more retries.
-
-Cron schedules (``spec.schedule`` and ``spec.driftDetection.schedule``) follow Kubernetes
-CronJobs: the last handled time is in status (``lastScheduleTime``,
-``lastDriftCheck.scheduledTime``); after downtime only the most recent missed time runs,
-and only within ``Settings.schedule_starting_deadline``.
+PKO's timing rules (resync period, failure backoff) are in ``retry.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Any, Final
+from datetime import datetime
+from typing import Any
 
-from pkobatch.api.constants import PKO_MIN_RESYNC_SECONDS
 from pkobatch.api.schedule import DueRun, ScheduleError, due_run, next_time
-from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
+from pkobatch.api.stack import StackSpec
 from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings
-
-MIN_RESYNC: Final = timedelta(seconds=PKO_MIN_RESYNC_SECONDS)
-# 3^40 seconds is far beyond any cap; bounding the exponent keeps the float finite.
-_MAX_EXPONENT: Final = 40
-
-
-def _spec_seconds(value: int | None) -> int:
-    """A seconds field of the spec, clamped to the CRD's bounds (objects stored before the
-    bounds existed may hold anything)."""
-    return max(-MAX_SPEC_SECONDS, min(value or 0, MAX_SPEC_SECONDS))
-
-
-def resync_frequency(spec: StackSpec) -> timedelta:
-    return max(MIN_RESYNC, timedelta(seconds=_spec_seconds(spec.resync_frequency_seconds)))
-
-
-def backoff_cap(spec: StackSpec, settings: Settings) -> timedelta:
-    """PKO: a positive ``retryMaxBackoffDurationSeconds`` replaces the default cap; zero and
-    negative values are ignored."""
-    seconds = _spec_seconds(spec.retry_max_backoff_duration_seconds)
-    return timedelta(seconds=seconds) if seconds > 0 else settings.retry.cap
-
-
-def cooldown(failures: int, spec: StackSpec, settings: Settings) -> timedelta:
-    """How long to wait after a failed run before retrying it (PKO's ``cooldown``)."""
-    base = settings.retry.base.total_seconds()
-    if failures <= 0:
-        return timedelta(seconds=base)
-    exponent = min(failures, _MAX_EXPONENT)
-    return timedelta(seconds=min(base * 3.0**exponent, backoff_cap(spec, settings).total_seconds()))
 
 
 def scheduled_run_due(

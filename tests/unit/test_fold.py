@@ -18,7 +18,6 @@ from pkobatch.controller.fold import (
     job_outcome,
     metric_result,
     read_result,
-    same_commit,
     sanitize_output_key,
 )
 from pkobatch.controller.jobs import Run
@@ -196,14 +195,6 @@ def test_outputs_follow_up_and_destroy_only() -> None:
 
 def test_helpers() -> None:
     assert sanitize_output_key("my key:x") == "my_key_x"
-    assert same_commit("abc1234", "abc1234" + "0" * 33)
-    assert not same_commit("abc", "abd")
-    assert same_commit("", "")
-    assert not same_commit("", "abc")
-    # Program generations and Flux revisions match only exactly.
-    assert not same_commit("1", "12")
-    assert not same_commit("main@sha1:abc1234", "main@sha1:abc1234ff")
-    assert same_commit("7", "7")
     assert parse_time("2026-02-01T08:00:00Z") == NOW
     assert parse_time("garbage") is None
 
