@@ -24,31 +24,59 @@ A run ends in exactly one ``Outcome``, whatever happened to it:
   deadline (an hour by default), and every retry again;
 - the run was cancelled on request: ``Cancelled``.
 
-So a Stack never waits on an object that is gone. ``folded_last_update`` then applies PKO's
-bookkeeping: consecutive failures are counted for the same generation and reconcile request
-(``retry.same_attempt_key``) — a new commit does not reset the count (it starts one run at
-once, see ``retry.sync_decision``), so a
-Stack failing on every commit still stalls; a success resets them.
+So a Stack never waits on an object that is gone. ``fold_run`` then records the outcome in
+the Stack's status, all of it here: ``folded_last_update`` applies PKO's bookkeeping for a
+run that changes the stack — consecutive failures are counted for the same generation and
+reconcile request (``retry.same_attempt_key``); a new commit does not reset the count (it
+starts one run at once, see ``retry.sync_decision``), so a Stack failing on every commit
+still stalls; a success resets them — with ``folded_outputs`` and ``projectInfo``; a drift
+check sets ``lastDriftCheck`` (``folded_drift_check``) and the Drifted condition
+(``drift_verdict``); a requested run answers its request in ``operationRequest``
+(``folded_operation_request``). ``plan`` decides when to fold (the order of the decision);
+``retry.py`` decides what happens next.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.conditions import set_condition
+from pkobatch.api.constants import (
+    CONDITION_DRIFTED,
+    EVENT_CREATED,
+    EVENT_UPDATE_FAILURE,
+    RESULT_KEY,
+)
 from pkobatch.api.messages import bound_message
+from pkobatch.api.objects import JSON
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
+from pkobatch.api.stack import Condition
+from pkobatch.api.status import (
+    DriftCheck,
+    LastUpdate,
+    OperationRequest,
+    StatusObject,
+    current_update,
+    last_drift_check,
+    operation_request_status,
+)
 from pkobatch.api.timestamps import format_time, parse_time
-from pkobatch.controller.jobs import Run
+from pkobatch.controller.jobs import (
+    DRIFT_TRIGGER_PREFIX,
+    REMEDIATE_TRIGGER_PREFIX,
+    SCHEDULE_TRIGGER_PREFIX,
+    Run,
+)
 from pkobatch.controller.retry import same_attempt_key
+from pkobatch.controller.schedule import newer_schedule_time
 
-JSON = dict[str, Any]
 # Job condition reasons (batch/v1) and the pod failure policy's message for disruptions.
 JOB_REASON_DEADLINE: Final = "DeadlineExceeded"
 JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
@@ -418,8 +446,8 @@ def cancelled_outcome(job_name: str, request: str, now: datetime) -> Outcome:
 
 
 def folded_last_update(
-    previous: Mapping[str, Any] | None, run: Run, job_name: str, outcome: Outcome
-) -> JSON:
+    previous: LastUpdate | None, run: Run, job_name: str, outcome: Outcome
+) -> LastUpdate:
     """``status.lastUpdate`` after ``run`` ended with ``outcome`` (PKO's fields); the failure
     count follows ``retry.same_attempt_key``."""
     previous = previous or {}
@@ -474,6 +502,172 @@ def folded_outputs(previous: Mapping[str, Any] | None, run: Run, outcome: Outcom
         sanitize_output_key(key): SECRET_PLACEHOLDER if key in secret else value
         for key, value in sorted(result.outputs.items())
     }
+
+
+# Reasons of the Drifted condition, and of the Events about a finished run.
+DRIFT_DETECTED_REASON: Final = "DriftDetected"
+NO_DRIFT_REASON: Final = "NoDrift"
+DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
+REMEDIATED_REASON: Final = "Remediated"
+EVENT_DRIFT_DETECTED: Final = "DriftDetected"
+EVENT_STALE_LOCK_REMOVED: Final = "StaleLockRemoved"
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+def changes_stack(run: Run) -> bool:
+    """Runs recorded in lastUpdate (and shown as Reconciling): all but drift checks,
+    requested previews/refreshes and the previews that save a plan for approval, which
+    report in lastDriftCheck / operationRequest / approval."""
+    return run.kind == "sync" or (run.kind == "request" and run.operation in ("up", "destroy"))
+
+
+def folded_drift_check(
+    previous: DriftCheck, run: Run, job_name: str, outcome: Outcome
+) -> DriftCheck:
+    """``status.lastDriftCheck`` after drift check ``run`` ended with ``outcome``."""
+    check = previous.copy()
+    if run.trigger.startswith(DRIFT_TRIGGER_PREFIX):
+        check["scheduledTime"] = run.trigger.removeprefix(DRIFT_TRIGGER_PREFIX)
+    check["name"] = job_name
+    check["time"] = format_time(outcome.finished_at)
+    check["state"] = outcome.state
+    check["driftedResources"] = _drifted_resources(outcome)
+    check["message"] = bound_message(outcome.message)
+    return check
+
+
+def _drifted_resources(outcome: Outcome) -> int:
+    return (outcome.result.drifted_resources if outcome.result else None) or 0
+
+
+@dataclass(frozen=True)
+class DriftVerdict:
+    """The Drifted condition a finished drift check sets."""
+
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+def drift_verdict(job_name: str, outcome: Outcome) -> DriftVerdict:
+    drifted = _drifted_resources(outcome)
+    if not outcome.succeeded:
+        return DriftVerdict("Unknown", DRIFT_CHECK_FAILED_REASON, f"drift check {job_name} failed")
+    if drifted:
+        message = f"{drifted} resource(s) drifted from the last update (check {job_name})"
+        return DriftVerdict("True", DRIFT_DETECTED_REASON, message)
+    return DriftVerdict("False", NO_DRIFT_REASON, f"no drift found (check {job_name})")
+
+
+def folded_operation_request(
+    previous: OperationRequest, run: Run, job_name: str, outcome: Outcome
+) -> OperationRequest | None:
+    """``status.operationRequest`` once the run a request started has ended; None when the
+    run answers no request, or a newer request is recorded already (only this run's own
+    entry is updated)."""
+    if run.kind != "request" or previous.get("request") not in (None, "", run.request):
+        return None
+    return {
+        "request": run.request,
+        "operation": run.operation,
+        "state": "Succeeded" if outcome.succeeded else "Failed",
+        "jobName": job_name,
+        "message": bound_message(outcome.message),
+    }
+
+
+@dataclass(frozen=True)
+class FoldedRun:
+    """The status and conditions after one run ended, and the Events that tell about it."""
+
+    status: StatusObject
+    conditions: list[Condition]
+    events: list[Event]
+
+
+def fold_run(
+    status: StatusObject,
+    conditions: Sequence[Condition],
+    run: Run,
+    job_name: str,
+    outcome: Outcome,
+    *,
+    now: datetime,
+    generation: int,
+) -> FoldedRun:
+    """Record how run ``job_name`` ended in (a copy of) ``status``: ``lastUpdate``,
+    ``outputs`` and ``projectInfo`` for a run that changes the stack, ``lastDriftCheck`` and
+    the Drifted condition for a drift check, the request's answer in ``operationRequest``,
+    the schedule time it ran for; ``currentUpdate`` is cleared if it named this run.
+    ``generation`` is the Stack's, for the conditions."""
+    status = copy.deepcopy(status)
+    conditions = list(conditions)
+    events: list[Event] = []
+
+    def drifted(verdict: DriftVerdict) -> list[Condition]:
+        return set_condition(
+            conditions,
+            CONDITION_DRIFTED,
+            verdict.status,
+            verdict.reason,
+            verdict.message,
+            now=now,
+            observed_generation=generation,
+        )
+
+    if current_update(status).get("name") == job_name:
+        status.pop("currentUpdate", None)
+    result = outcome.result
+    if run.kind == "drift":
+        status["lastDriftCheck"] = folded_drift_check(
+            last_drift_check(status), run, job_name, outcome
+        )
+        verdict = drift_verdict(job_name, outcome)
+        conditions = drifted(verdict)
+        if verdict.reason == DRIFT_DETECTED_REASON:
+            events.append(Event("Warning", EVENT_DRIFT_DETECTED, verdict.message))
+    elif changes_stack(run):
+        previous = status.get("lastUpdate")
+        status["lastUpdate"] = folded_last_update(previous, run, job_name, outcome)
+        outputs = folded_outputs(status.get("outputs"), run, outcome)
+        if outputs is not None:
+            status["outputs"] = outputs
+        if outcome.succeeded and result is not None and result.project_info is not None:
+            status["projectInfo"] = result.project_info.model_dump(mode="json")
+        if outcome.succeeded and run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
+            conditions = drifted(
+                DriftVerdict("False", REMEDIATED_REASON, f"drift was remediated by {job_name}")
+            )
+    answered = folded_operation_request(operation_request_status(status), run, job_name, outcome)
+    if answered is not None:
+        status["operationRequest"] = answered
+    if run.trigger.startswith(SCHEDULE_TRIGGER_PREFIX):
+        moment = newer_schedule_time(
+            status.get("lastScheduleTime"), run.trigger.removeprefix(SCHEDULE_TRIGGER_PREFIX)
+        )
+        if moment is not None:
+            status["lastScheduleTime"] = moment
+    for cleared in result.cleared_locks if result is not None else []:
+        events.append(Event("Warning", EVENT_STALE_LOCK_REMOVED, f"{job_name}: {cleared}"))
+    if outcome.succeeded:
+        events.append(Event("Normal", EVENT_CREATED, f"{run.operation} {job_name} succeeded"))
+    else:
+        events.append(
+            Event(
+                "Warning",
+                EVENT_UPDATE_FAILURE,
+                f"{run.operation} {job_name} failed: {outcome.message}",
+            )
+        )
+    return FoldedRun(status, conditions, events)
 
 
 def metric_result(outcome: Outcome) -> str:

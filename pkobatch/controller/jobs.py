@@ -151,6 +151,9 @@ RunKind = Literal["sync", "request", "drift", "approval"]
 the preview that saves a plan for approval (spec.approval)."""
 # Trigger of the update that remediates drift; it always refreshes first.
 REMEDIATE_TRIGGER_PREFIX: Final = "remediate:"
+# Triggers of a run for a spec.schedule time, and of a drift check for its schedule time.
+SCHEDULE_TRIGGER_PREFIX: Final = "schedule:"
+DRIFT_TRIGGER_PREFIX: Final = "drift:"
 # The label that ties a run input (Secret, snapshot ConfigMap) to its Job. Inputs carry no
 # managed-by label: the controller's ConfigMap cache (managed-by selector) must not hold them.
 RUN_INPUT_LABEL: Final = f"{PREFIX}/run-input-of"

@@ -28,6 +28,13 @@ Order of the decision, which is also the order of priority:
 Job names are deterministic per decision, so when a Job with the name this decision would
 create already exists and has finished (its result was never folded), it is folded
 instead of starting another run.
+
+This module holds the order of the decision and turns it into a ``Plan``; the rules it
+applies live with what they are about: how a finished run becomes status (``lastUpdate``,
+``lastDriftCheck``, the Drifted condition, the answer to a request) in ``fold.py``; when a
+Stack runs again (PKO's ``isSynced``, failure backoff, Ready/retrying/Stalled while
+waiting) in ``retry.py``; cron schedules in ``schedule.py``; the Job for a run in
+``jobs.py``; the operation-request protocol in ``pkobatch.api.operation_request``.
 """
 
 from __future__ import annotations
@@ -55,9 +62,7 @@ from pkobatch.api.constants import (
     CONDITION_RECONCILING,
     CONDITION_STALLED,
     EVENT_CONFIG_INVALID,
-    EVENT_CREATED,
     EVENT_UPDATE_DETECTED,
-    EVENT_UPDATE_FAILURE,
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     OPERATIONS,
@@ -84,7 +89,7 @@ from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, spl
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
-from pkobatch.api.status import LastUpdate, last_update
+from pkobatch.api.status import LastUpdate, StatusObject, last_update
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.config import Settings
 from pkobatch.controller import approval
@@ -92,10 +97,12 @@ from pkobatch.controller.fold import (
     POD_CREATION_GRACE,
     POD_CREATION_RECHECK,
     POD_START_LIMIT,
+    Event,
+    EventType,
     Outcome,
     cancelled_outcome,
-    folded_last_update,
-    folded_outputs,
+    changes_stack,
+    fold_run,
     job_deleting,
     job_finished,
     job_outcome,
@@ -105,7 +112,9 @@ from pkobatch.controller.fold import (
     vanished_outcome,
 )
 from pkobatch.controller.jobs import (
+    DRIFT_TRIGGER_PREFIX,
     REMEDIATE_TRIGGER_PREFIX,
+    SCHEDULE_TRIGGER_PREFIX,
     JobBuildError,
     Run,
     RunKind,
@@ -122,12 +131,12 @@ from pkobatch.controller.retry import (
 )
 from pkobatch.controller.schedule import (
     drift_check_due,
+    newer_schedule_time,
     next_schedule_times,
     scheduled_run_due,
 )
 
 JSON = dict[str, Any]
-EventType = Literal["Normal", "Warning"]
 
 # How often to look again while waiting on something that sends no event of its own.
 PREREQUISITE_RECHECK: Final = 30.0
@@ -141,22 +150,13 @@ ORPHAN_RESULT_AGE: Final = timedelta(minutes=10)
 # Reasons of pkobatch's own Events and of the Drifted condition.
 EVENT_DESTROYED: Final = "StackDestroyed"
 EVENT_ABANDONED: Final = "FinalizerAbandoned"
-EVENT_DRIFT_DETECTED: Final = "DriftDetected"
 EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
 EVENT_SPEC_NOTES: Final = "SpecNotes"
-EVENT_STALE_LOCK_REMOVED: Final = "StaleLockRemoved"
 EVENT_PLAN_SAVED: Final = "PlanAwaitingApproval"
 EVENT_PLAN_APPROVED: Final = "PlanApproved"
 EVENT_PLAN_ENDED: Final = "PlanDiscarded"
 # Finished Jobs named in a run's snapshot (the Stack's history keeps a few more at most).
 MAX_ENDED_RUNS: Final = 20
-DRIFT_DETECTED_REASON: Final = "DriftDetected"
-NO_DRIFT_REASON: Final = "NoDrift"
-DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
-REMEDIATED_REASON: Final = "Remediated"
-
-SCHEDULE_TRIGGER_PREFIX: Final = "schedule:"
-DRIFT_TRIGGER_PREFIX: Final = "drift:"
 
 
 @dataclass(frozen=True)
@@ -204,13 +204,6 @@ class Observed:
     # Job name -> its pods; read only for the current Job when they alone can tell what
     # happened (see fold.pod_status_matters).
     run_pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: EventType
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -549,87 +542,29 @@ class _Planner:
         self._fold(self._run_of(name, job), name, outcome, started)
 
     def _fold(self, run: Run, name: str, outcome: Outcome, started: datetime | None) -> None:
-        """Record how run ``name`` ended, and clear ``currentUpdate`` if it was current."""
-        if self._current_name() == name:
-            self.status.pop("currentUpdate", None)
-        self.result.finished.append(FinishedRun(run, name, outcome, started))
-        result = outcome.result
-        if run.kind == "drift":
-            self._fold_drift(run, name, outcome)
-        elif run.kind == "approval":
+        """Record how run ``name`` ended: the approval record of a saved plan
+        (``approval.folded_preview`` / ``folded_update``), then the rest of the status
+        (``fold.fold_run``)."""
+        if run.kind == "approval":
             self._fold_approval_preview(run, name, outcome)
-        elif _changes_stack(run):
-            previous = self.status.get("lastUpdate")
-            self.status["lastUpdate"] = folded_last_update(previous, run, name, outcome)
-            outputs = folded_outputs(self.status.get("outputs"), run, outcome)
-            if outputs is not None:
-                self.status["outputs"] = outputs
-            if outcome.succeeded and result is not None and result.project_info is not None:
-                self.status["projectInfo"] = result.project_info.model_dump(mode="json")
-            if outcome.succeeded and run.trigger.startswith(REMEDIATE_TRIGGER_PREFIX):
-                self._drifted("False", REMEDIATED_REASON, f"drift was remediated by {name}")
-            if run.plan:
-                record = self.status.get("approval") or {}
-                self.status["approval"] = approval.folded_update(record, run, name, outcome)
-                self._discard_plan(record)
-        request = self.status.get("operationRequest") or {}
-        # A newer request may already be recorded; only this run's own entry is updated.
-        if run.kind == "request" and request.get("request") in (None, "", run.request):
-            state: RequestState = "Succeeded" if outcome.succeeded else "Failed"
-            self.status["operationRequest"] = {
-                "request": run.request,
-                "operation": run.operation,
-                "state": state,
-                "jobName": name,
-                "message": bound_message(outcome.message),
-            }
-        if run.trigger.startswith(SCHEDULE_TRIGGER_PREFIX):
-            self._record_schedule_time(run.trigger.removeprefix(SCHEDULE_TRIGGER_PREFIX))
-        for cleared in result.cleared_locks if result is not None else []:
-            self._event("Warning", EVENT_STALE_LOCK_REMOVED, f"{name}: {cleared}")
-        if outcome.succeeded:
-            self._event("Normal", EVENT_CREATED, f"{run.operation} {name} succeeded")
-        else:
-            self._event(
-                "Warning", EVENT_UPDATE_FAILURE, f"{run.operation} {name} failed: {outcome.message}"
-            )
-
-    def _drifted(
-        self, status: Literal["True", "False", "Unknown"], reason: str, message: str
-    ) -> None:
-        self.conditions = set_condition(
+        elif changes_stack(run) and run.plan:
+            record = self.status.get("approval") or {}
+            self.status["approval"] = approval.folded_update(record, run, name, outcome)
+            self._discard_plan(record)
+        folded = fold_run(
+            cast(StatusObject, self.status),
             self.conditions,
-            CONDITION_DRIFTED,
-            status,
-            reason,
-            message,
+            run,
+            name,
+            outcome,
             now=self.now,
-            observed_generation=self.generation,
+            generation=self.generation,
         )
-
-    def _fold_drift(self, run: Run, name: str, outcome: Outcome) -> None:
-        check = dict(self.status.get("lastDriftCheck") or {})
-        drifted = (outcome.result.drifted_resources if outcome.result else None) or 0
-        if run.trigger.startswith(DRIFT_TRIGGER_PREFIX):
-            check["scheduledTime"] = run.trigger.removeprefix(DRIFT_TRIGGER_PREFIX)
-        check.update(
-            {
-                "name": name,
-                "time": format_time(outcome.finished_at),
-                "state": outcome.state,
-                "driftedResources": drifted,
-                "message": bound_message(outcome.message),
-            }
-        )
-        self.status["lastDriftCheck"] = check
-        if not outcome.succeeded:
-            self._drifted("Unknown", DRIFT_CHECK_FAILED_REASON, f"drift check {name} failed")
-        elif drifted:
-            message = f"{drifted} resource(s) drifted from the last update (check {name})"
-            self._drifted("True", DRIFT_DETECTED_REASON, message)
-            self._event("Warning", EVENT_DRIFT_DETECTED, message)
-        else:
-            self._drifted("False", NO_DRIFT_REASON, f"no drift found (check {name})")
+        self.status = cast(JSON, folded.status)
+        self.conditions = folded.conditions
+        self.result.finished.append(FinishedRun(run, name, outcome, started))
+        for event in folded.events:
+            self._event(event.type, event.reason, event.message)
 
     def _build(self, run: Run) -> RunObjects:
         assert self.spec is not None
@@ -702,7 +637,7 @@ class _Planner:
         self.result.inputs_job = name
         self.result.run = run
         self._set_current(run, name)
-        if _changes_stack(run):
+        if changes_stack(run):
             self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
         self._event("Normal", EVENT_UPDATE_DETECTED, f"{reason}: starting {run.operation} {name}")
         return True
@@ -814,7 +749,7 @@ class _Planner:
             name = str(blocking["metadata"]["name"])
             if name == self._current_name():
                 run = self._run_of(name, blocking)
-                if _changes_stack(run):
+                if changes_stack(run):
                     self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
                 return
             # Its run is recorded (result in, or cancelled) but its pod has not stopped yet:
@@ -1036,10 +971,9 @@ class _Planner:
         return True
 
     def _record_schedule_time(self, moment: str) -> None:
-        previous = parse_time(self.status.get("lastScheduleTime"))
-        recorded = parse_time(moment)
-        if recorded is not None and (previous is None or recorded > previous):
-            self.status["lastScheduleTime"] = moment
+        recorded = newer_schedule_time(self.status.get("lastScheduleTime"), moment)
+        if recorded is not None:
+            self.status["lastScheduleTime"] = recorded
 
     def _resting(self, last: Mapping[str, Any]) -> None:
         """Conditions when no run is needed right now (``retry.resting_state``)."""
@@ -1449,12 +1383,6 @@ def _operation_from_name(name: str) -> Operation:
         if f"-{operation}-" in name:
             return operation
     return "up"
-
-
-def _changes_stack(run: Run) -> bool:
-    """Runs recorded in lastUpdate (and shown as Reconciling): all but drift checks and
-    requested previews/refreshes, which report in lastDriftCheck / operationRequest."""
-    return run.kind == "sync" or (run.kind == "request" and run.operation in ("up", "destroy"))
 
 
 def _running_message(run: Run, name: str) -> str:

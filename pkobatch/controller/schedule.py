@@ -101,3 +101,12 @@ def next_schedule_times(spec: StackSpec, meta: Mapping[str, Any], now: datetime)
 def _hash_id(meta: Mapping[str, Any]) -> str:
     """``H`` is seeded by the Stack's UID: stable for the Stack, different across Stacks."""
     return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def newer_schedule_time(recorded: Any, moment: str) -> str | None:
+    """``moment`` when it is later than the recorded ``lastScheduleTime``; None: keep that."""
+    previous = parse_time(recorded)
+    started = parse_time(moment)
+    if started is not None and (previous is None or started > previous):
+        return moment
+    return None
