@@ -2,7 +2,7 @@
 one click group for users, operators and the Job runner.
 
 It lives outside ``pkobatch.cli`` because it also mounts ``pkobatch controller`` (from
-``pkobatch.runtime``), which the user-facing CLI package must not import.
+``pkobatch.controller``), which the user-facing CLI package must not import.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def build_cli() -> click.Group:
     from pkobatch.cli.dev import dev_group
     from pkobatch.cli.job import job_group
     from pkobatch.cli.run import run_command
-    from pkobatch.runtime.command import controller_command
+    from pkobatch.controller.command import controller_command
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
     @click.version_option(__version__, prog_name="pkobatch")

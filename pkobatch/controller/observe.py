@@ -46,6 +46,7 @@ from pkobatch.controller.fold import (
 )
 from pkobatch.controller.plan import Observed, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
+from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.kube.client import (
     CONFIGMAPS,
     CORE_EVENTS,
@@ -57,7 +58,6 @@ from pkobatch.kube.client import (
     NotFound,
     Resource,
 )
-from pkobatch.runtime.interfaces import StackKey, Stores
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -127,12 +127,12 @@ class Observer:
         spec = stack.get("spec") or {}
         jobs = {
             str(job["metadata"]["name"]): job
-            for job in self._stores.jobs.for_stack(key.namespace, key.name)
+            for job in self._stores.jobs.for_owner(key.namespace, key.name)
             if job.get("kind", "Job") == "Job" and owned_by(job, uid)
         }
         results = {
             str(cm["metadata"]["name"]): cm
-            for cm in self._stores.configmaps.for_stack(key.namespace, key.name)
+            for cm in self._stores.configmaps.for_owner(key.namespace, key.name)
         }
         current = str(((stack.get("status") or {}).get("currentUpdate") or {}).get("name") or "")
         if current and current not in jobs:

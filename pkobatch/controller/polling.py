@@ -55,10 +55,10 @@ from prometheus_client import CollectorRegistry, Counter
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.messages import bound_message
 from pkobatch.controller.plan import SourceHead
+from pkobatch.controller.stores import StackKey
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
 from pkobatch.runner.github_app import TOKEN_USERNAME as GITHUB_TOKEN_USERNAME
 from pkobatch.runner.github_app import GitHubAppError, TokenCache
-from pkobatch.runtime.interfaces import StackKey
 
 log = logging.getLogger(__name__)
 

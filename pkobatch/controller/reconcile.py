@@ -1,8 +1,8 @@
 """The Stack reconciler: observe → plan → act, and what is shared across Stacks.
 
-``build_reconciler(kube, stores, settings, metrics, enqueuer)`` is the factory the runtime's
-``Manager`` calls. The reconciler is a ``Service``: ``start()`` starts the shared branch
-poller, ``stop()`` stops it.
+``build_reconciler(kube, stores, settings, metrics, enqueuer)`` is the factory the
+composition root (``composition.build_manager``) calls. The reconciler is a ``Service``:
+``start()`` starts the shared branch poller, ``stop()`` stops it.
 
 Shared state lives here, never in ``plan``:
 
@@ -33,13 +33,13 @@ from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_temp
 from pkobatch.controller.observe import Observer
 from pkobatch.controller.plan import Observed, Plan, plan
 from pkobatch.controller.polling import GitPoller
+from pkobatch.controller.stack_metrics import StackMetrics
+from pkobatch.controller.stores import StackKey, Stores, stack_name_of
 from pkobatch.kube.client import Conflict, Kube
-from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult, StackKey, Stores
-from pkobatch.runtime.store import stack_name_of
+from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult
 
 if TYPE_CHECKING:
     from pkobatch.config import Settings
-    from pkobatch.runtime.metrics import Metrics
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -175,7 +175,7 @@ class StackReconciler:
         kube: Kube,
         stores: Stores,
         settings: Settings,
-        metrics: Metrics,
+        metrics: StackMetrics,
         enqueuer: Enqueuer,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -305,7 +305,7 @@ class StackReconciler:
 
 
 def build_reconciler(
-    kube: Kube, stores: Stores, settings: Settings, metrics: Metrics, enqueuer: Enqueuer
+    kube: Kube, stores: Stores, settings: Settings, metrics: StackMetrics, enqueuer: Enqueuer
 ) -> StackReconciler:
-    """The factory ``pkobatch controller`` passes to the runtime's ``Manager``."""
+    """The factory ``composition.build_manager`` uses by default."""
     return StackReconciler(kube, stores, settings, metrics, enqueuer)

@@ -1,4 +1,4 @@
-"""The contract between the runtime (watch, queue, workers) and the Stack reconciler.
+"""The contract between the runtime (watch, queue, workers) and a reconciler.
 
 Modelled on controller-runtime: the reconciler gets only a key, reads everything it needs
 from the stores (level-based), and answers with a ``ReconcileResult`` or an exception:
@@ -9,35 +9,34 @@ from the stores (level-based), and answers with a ``ReconcileResult`` or an exce
 - raises ``TerminalError``: logged and counted, not retried (spec errors a retry cannot fix);
 - raises anything else: retried with per-key exponential backoff.
 
-The runtime builds the reconciler once through a ``ReconcilerFactory`` that receives the API
-client, the stores, the settings, the metrics and an ``Enqueuer`` to wake up other Stacks
-(prerequisites, shared source polling). If the reconciler also has ``start()`` and ``stop()``
-(``Service``), the manager calls them around the workers' lifetime.
+Which objects' events wake which keys is the caller's business: a ``MapFunc`` per watched
+resource (controller-runtime's ``EnqueueRequestsFromMapFunc``). The runtime knows no kind.
+A reconciler that also has ``start()`` and ``stop()`` (``Service``) is started after the
+caches sync and stopped at shutdown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from pkobatch.config import Settings
-    from pkobatch.kube.client import Kube
-    from pkobatch.runtime.metrics import Metrics
-    from pkobatch.runtime.store import Store
-
+from typing import Any, Protocol, runtime_checkable
 
 JSON = dict[str, Any]
 
 
 @dataclass(frozen=True, order=True)
-class StackKey:
+class ObjectKey:
+    """The namespace and name of the object a reconcile is for."""
+
     namespace: str
     name: str
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+MapFunc = Callable[[JSON], Iterable[ObjectKey]]
+"""The keys to reconcile when ``obj`` changed (for a delete: the object as it was)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class TerminalError(Exception):
 
 
 class Reconciler(Protocol):
-    def reconcile(self, key: StackKey) -> ReconcileResult: ...
+    def reconcile(self, key: ObjectKey) -> ReconcileResult: ...
 
 
 @runtime_checkable
@@ -64,36 +63,6 @@ class Service(Protocol):
 
 
 class Enqueuer(Protocol):
-    def enqueue(self, key: StackKey, after: float | None = None) -> None:
+    def enqueue(self, key: ObjectKey, after: float | None = None) -> None:
         """Reconcile ``key`` now (coalesced with pending requests) or in ``after`` seconds."""
         ...
-
-
-class FluxSources(Protocol):
-    """The Flux sources Stacks name, from watches started on first use
-    (``pkobatch.runtime.sources``)."""
-
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None: ...
-
-    def synced(self, api_version: str, kind: str) -> bool: ...
-
-
-@dataclass
-class Stores:
-    """The watched objects: Stacks, the Jobs and ConfigMaps labelled managed-by pkobatch,
-    and the Programs Stacks may name in ``spec.programRef``.
-
-    ``jobs.for_stack(namespace, stack_name)`` and ``configmaps.for_stack(...)`` give a Stack's
-    own objects.
-    """
-
-    stacks: Store
-    jobs: Store
-    configmaps: Store
-    programs: Store
-    # None: Flux sources are not watched (a reconciler built without the runtime's Manager).
-    flux_sources: FluxSources | None = None
-
-
-ReconcilerFactory = Callable[["Kube", Stores, "Settings", "Metrics", Enqueuer], Reconciler]
-"""``build_reconciler(kube, stores, settings, metrics, enqueuer) -> Reconciler``."""

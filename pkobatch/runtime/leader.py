@@ -21,12 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pkobatch.kube.client import LEASES, AlreadyExists, Conflict, Kube, KubeError, NotFound
-
-if TYPE_CHECKING:
-    from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.metrics import Metrics
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 JSON lines carry ``ts``, ``level``, ``logger``, ``msg`` — the keys Flux's ``flux logs``
 parses — plus ``controllerKind``, ``namespace``, ``name`` and ``reconcileID`` while a worker
-reconciles a Stack, ``error`` with the traceback for exceptions, and any ``extra={...}``
+reconciles an object, ``error`` with the traceback for exceptions, and any ``extra={...}``
 fields of the call. The worker sets the context (``reconcile_context``) around each
 reconcile, so the reconciler logs through a plain ``logging.getLogger(__name__)`` and its
 lines are tagged without passing anything around.
@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import IO, Any, Final
 
-from pkobatch.api.constants import KIND
-from pkobatch.runtime.interfaces import StackKey
+from pkobatch.runtime.interfaces import ObjectKey
 
 _CONTEXT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "pkobatch_reconcile", default=None
@@ -33,12 +32,13 @@ _LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": loggi
 
 
 @contextlib.contextmanager
-def reconcile_context(key: StackKey, reconcile_id: str | None = None) -> Iterator[str]:
-    """Tag every log line of this thread with the Stack and a fresh reconcile ID."""
+def reconcile_context(kind: str, key: ObjectKey, reconcile_id: str | None = None) -> Iterator[str]:
+    """Tag every log line of this thread with the object (of ``kind``) and a fresh
+    reconcile ID."""
     reconcile_id = reconcile_id or str(uuid.uuid4())
     token = _CONTEXT.set(
         {
-            "controllerKind": KIND,
+            "controllerKind": kind,
             "namespace": key.namespace,
             "name": key.name,
             "reconcileID": reconcile_id,

@@ -1,17 +1,19 @@
-"""The controller process: wires reflectors, stores, the work queue, workers, leader
-election, metrics and health endpoints, and shuts them down in order.
+"""The controller process: runs reflectors, the work queue, workers, leader election, metrics
+and health endpoints for one reconciler, and shuts them down in order (controller-runtime's
+manager and controller, in one). It knows no kind: what is watched, and which keys each
+watched object's change wakes, is given (``Watch``); the composition root that wires the
+Stack controller is ``pkobatch.controller.command``.
 
 Start-up: endpoints → (leader election: wait for the lease) → reflectors → wait until every
 cache has synced → reconciler ``start()`` → workers → periodic resync. Workers only start on
 synced caches, so the first reconciles see a complete picture.
 
 Shutdown (``stop()``, e.g. on SIGTERM): the queue stops handing out keys, in-flight
-reconciles finish, the reconciler and reflectors stop, the lease is released, endpoints
-close.
+reconciles finish, the reconciler, reflectors and on-demand watches stop, the lease is
+released, endpoints close.
 
-Events → keys: a Stack event enqueues the Stack; a Job or ConfigMap event enqueues the
-Stack it belongs to (``store.stack_name_of``) if that Stack is in the cache — objects of
-Stacks outside this controller's namespaces or label selector are ignored.
+Resync (every ``resync_period``): every cached object goes through its watch's map function
+again, as an informer's resync delivers every object to its handlers; the queue coalesces.
 """
 
 from __future__ import annotations
@@ -21,27 +23,22 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, Protocol
 
-from pkobatch.api.constants import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from pkobatch.config import Settings
-from pkobatch.controller.cache import cache_job, cache_result, cache_stack
-from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, Kube, Resource
+from pkobatch.kube.client import Kube, Resource
 from pkobatch.runtime.health import HttpEndpoints, Response, health_routes
-from pkobatch.runtime.interfaces import ReconcilerFactory, Service, StackKey, Stores
+from pkobatch.runtime.interfaces import MapFunc, ObjectKey, Reconciler, Service
 from pkobatch.runtime.leader import LeaderElector
 from pkobatch.runtime.metrics import Metrics
-from pkobatch.runtime.reflector import Reflector, Transform
-from pkobatch.runtime.sources import FluxSourceWatches
-from pkobatch.runtime.store import Store, slim, stack_name_of
+from pkobatch.runtime.reflector import Reflector, Transform, enqueue_keys
+from pkobatch.runtime.store import Store, slim
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import WorkQueue
 
-JSON = dict[str, Any]
 RESYNC_PERIOD: Final = 10 * 3600.0
-MANAGED_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 log = logging.getLogger(__name__)
@@ -63,16 +60,50 @@ def default_lease_namespace() -> str:
         return "default"
 
 
-EventHandler = Callable[[JSON | None, JSON | None], None]
+@dataclass(frozen=True)
+class Watch:
+    """Keep ``store`` filled with ``resource`` (in every watched namespace), each object
+    passed through ``transform`` first; a change of an object enqueues the keys ``to_keys``
+    gives for it."""
+
+    resource: Resource
+    store: Store
+    to_keys: MapFunc
+    label_selector: str = ""
+    transform: Transform = slim
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    lease_name: str
+    lease_namespace: str  # "": the pod's namespace
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    kind: str  # what the keys name (the ``controllerKind`` of log lines)
+    namespaces: Sequence[str] = ()  # empty: all namespaces
+    workers: int = 4
+    leader_election: LeaderElection | None = None
+    # "0" or "" disables an endpoint.
+    health_addr: str = "0"
+    metrics_addr: str = "0"
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
 
 
 class QueueEnqueuer:
     """The ``Enqueuer`` handed to the reconciler."""
 
-    def __init__(self, queue: WorkQueue[StackKey]) -> None:
+    def __init__(self, queue: WorkQueue[ObjectKey]) -> None:
         self._queue = queue
 
-    def enqueue(self, key: StackKey, after: float | None = None) -> None:
+    def enqueue(self, key: ObjectKey, after: float | None = None) -> None:
         if after is None or after <= 0:
             self._queue.add(key)
         else:
@@ -83,93 +114,70 @@ class Manager:
     def __init__(
         self,
         kube: Kube,
-        settings: Settings,
-        reconciler_factory: ReconcilerFactory,
+        queue: WorkQueue[ObjectKey],
+        reconciler: Reconciler,
+        watches: Sequence[Watch],
+        options: ManagerOptions,
         *,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
+        also_stop: Sequence[Stoppable] = (),
         identity: str | None = None,
         on_lost_lease: Callable[[], None] = exit_on_lost_lease,
         resync_period: float = RESYNC_PERIOD,
         read_timeout: float = 90.0,
     ) -> None:
-        self._kube = kube
-        self._settings = settings
-        self.metrics = metrics or Metrics()
+        """``queue`` feeds the workers (the reconciler's ``Enqueuer`` adds to it too);
+        ``also_stop``: what else to stop with the reflectors (on-demand watches)."""
+        self._options = options
+        self.metrics = metrics
         self._on_lost_lease = on_lost_lease
         self._resync_period = resync_period
         self._stop = threading.Event()
         self._stopping = False
-        self.stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
-        self.queue: WorkQueue[StackKey] = WorkQueue(metrics=self.metrics.queue_hooks())
-        self.metrics.track_queue(self.queue)
-        self.metrics.track_stores(self.stores)
-        self.reconciler = reconciler_factory(
-            kube, self.stores, settings, self.metrics, QueueEnqueuer(self.queue)
-        )
+        self.queue = queue
+        self.metrics.track_queue(queue)
+        self.reconciler = reconciler
+        self._watches = list(watches)
+        self._also_stop = list(also_stop)
         self.reflectors: list[Reflector] = []
-        namespaces: list[str | None] = [*settings.namespaces] or [None]
-        self.flux_sources = FluxSourceWatches(
-            kube,
-            namespaces,
-            self.stores.stacks,
-            self.queue.add,
-            metrics=self.metrics,
-            read_timeout=read_timeout,
-        )
-        self.stores.flux_sources = self.flux_sources
+        namespaces: list[str | None] = [*options.namespaces] or [None]
         for namespace in namespaces:
-            watched: list[tuple[Resource, Store, str, EventHandler, Transform]] = [
-                (
-                    STACKS,
-                    self.stores.stacks,
-                    settings.label_selector,
-                    self._stack_changed,
-                    cache_stack,
-                ),
-                (JOBS, self.stores.jobs, MANAGED_SELECTOR, self._child_changed, cache_job),
-                (
-                    CONFIGMAPS,
-                    self.stores.configmaps,
-                    MANAGED_SELECTOR,
-                    self._child_changed,
-                    cache_result,
-                ),
-                (PROGRAMS, self.stores.programs, "", self._program_changed, slim),
-            ]
-            for resource, store, selector, handler, transform in watched:
+            for watch in self._watches:
                 self.reflectors.append(
                     Reflector(
                         kube,
-                        resource,
-                        store,
-                        handler,
+                        watch.resource,
+                        watch.store,
+                        enqueue_keys(watch.to_keys, queue.add),
                         namespace=namespace,
-                        label_selector=selector,
+                        label_selector=watch.label_selector,
                         metrics=self.metrics,
                         read_timeout=read_timeout,
-                        transform=transform,
+                        transform=watch.transform,
                     )
                 )
-        election = settings.leader_election
+        election = options.leader_election
         self.elector: LeaderElector | None = None
-        if election.enabled:
+        if election is not None:
             self.elector = LeaderElector(
                 kube,
                 namespace=election.lease_namespace or default_lease_namespace(),
                 name=election.lease_name,
                 identity=identity or f"{socket.gethostname()}_{uuid.uuid4()}",
-                lease_duration=election.lease_duration.total_seconds(),
-                renew_deadline=election.renew_deadline.total_seconds(),
-                retry_period=election.retry_period.total_seconds(),
+                lease_duration=election.lease_duration,
+                renew_deadline=election.renew_deadline,
+                retry_period=election.retry_period,
                 metrics=self.metrics,
             )
             self.metrics.set_leader(election.lease_name, False)
-        self._workers = WorkerPool(self.queue, self.reconciler, self.metrics, settings.workers)
+        self._workers = WorkerPool(
+            queue, reconciler, self.metrics, options.workers, kind=options.kind
+        )
         self._endpoints: list[HttpEndpoints] = []
-        if settings.health_addr not in ("", "0"):
-            self._endpoints.append(HttpEndpoints(settings.health_addr, health_routes(self.ready)))
-        if settings.metrics_addr not in ("", "0"):
-            self._endpoints.append(HttpEndpoints(settings.metrics_addr, {"/metrics": self._scrape}))
+        if options.health_addr not in ("", "0"):
+            self._endpoints.append(HttpEndpoints(options.health_addr, health_routes(self.ready)))
+        if options.metrics_addr not in ("", "0"):
+            self._endpoints.append(HttpEndpoints(options.metrics_addr, {"/metrics": self._scrape}))
 
     # -- state ----------------------------------------------------------------------------
 
@@ -189,43 +197,6 @@ class Manager:
 
     def _scrape(self) -> Response:
         return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.exposition()
-
-    # -- events -> keys -------------------------------------------------------------------
-
-    def _stack_changed(self, old: JSON | None, new: JSON | None) -> None:
-        obj = new if new is not None else old
-        if obj is not None:
-            meta = obj.get("metadata") or {}
-            self.queue.add(StackKey(str(meta.get("namespace", "")), str(meta.get("name", ""))))
-
-    def _child_changed(self, old: JSON | None, new: JSON | None) -> None:
-        keys = set()
-        for obj in (old, new):
-            if obj is None:
-                continue
-            stack_name = stack_name_of(obj)
-            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
-            if stack_name and self.stores.stacks.get(namespace, stack_name) is not None:
-                keys.add(StackKey(namespace, stack_name))
-        for key in keys:
-            self.queue.add(key)
-
-    def _program_changed(self, old: JSON | None, new: JSON | None) -> None:
-        """A Program event wakes every Stack of its namespace that names it."""
-        obj = new if new is not None else old
-        if obj is None:
-            return
-        meta = obj.get("metadata") or {}
-        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        for stack in self.stores.stacks.list_objects():
-            stack_meta = stack.get("metadata") or {}
-            reference = (stack.get("spec") or {}).get("programRef") or {}
-            if (
-                stack_meta.get("namespace") == namespace
-                and isinstance(reference, dict)
-                and reference.get("name") == name
-            ):
-                self.queue.add(StackKey(namespace, str(stack_meta.get("name", ""))))
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -255,24 +226,27 @@ class Manager:
                     return
             log.info(
                 "caches synced",
-                extra={
-                    "stacks": len(self.stores.stacks),
-                    "jobs": len(self.stores.jobs),
-                    "configmaps": len(self.stores.configmaps),
-                },
+                extra={"objects": {w.resource.plural: len(w.store) for w in self._watches}},
             )
             if isinstance(self.reconciler, Service):
                 self.reconciler.start()
                 started.append("reconciler")
             self._workers.start()
             started.append("workers")
-            log.info("started %d workers", self._settings.workers)
+            log.info("started %d workers", self._options.workers)
             while not self._stop.wait(self._resync_period):
-                for key in self.stores.stacks.list_keys():
-                    self.queue.add(key)
-                log.info("resync: queued all %d Stacks", len(self.stores.stacks))
+                self._resync()
         finally:
             self._shutdown(started, renew_stop)
+
+    def _resync(self) -> None:
+        keys: set[ObjectKey] = set()
+        for watch in self._watches:
+            for obj in watch.store.list_objects():
+                keys.update(watch.to_keys(obj))
+        for key in keys:
+            self.queue.add(key)
+        log.info("resync: queued %d keys", len(keys))
 
     def _shutdown(self, started: list[str], renew_stop: threading.Event) -> None:
         self._stopping = True
@@ -285,7 +259,8 @@ class Manager:
         if "reflectors" in started:
             for reflector in self.reflectors:
                 reflector.stop()
-        self.flux_sources.stop()
+        for other in self._also_stop:
+            other.stop()
         renew_stop.set()
         if self.elector is not None:
             self.elector.release()

@@ -1,14 +1,9 @@
-"""Prometheus metrics: controller-runtime's names and PKO's Stack gauges, so dashboards and
-alerts written for PKO work as-is, plus ``pkobatch_*`` domain metrics (docs/operations.md).
+"""Prometheus metrics of the runtime, with controller-runtime's and client-go's names
+(reconciles, work queue, leader election, REST requests) plus ``pkobatch_watch_*``
+(docs/operations.md), so dashboards and alerts written for controller-runtime work as-is.
 
-The controller label is PKO's ``stack-controller``. PKO's gauges keep PKO's names and labels:
-``stacks_active``, ``programs_active``, ``stacks_failing{namespace,name}`` (1 when
-``lastUpdate.state`` is failed) and ``stacks_reconciling{namespace,name}`` (1 while the
-Reconciling condition is True).
-
-Per-Stack series and the Job counts are computed from the stores at scrape time by a custom
-collector, so deleted Stacks never leave stale series and nothing has to keep the numbers up
-to date.
+The ``controller`` label is the name the caller gives. What a reconciler measures about
+its own objects registers on the same ``registry`` (``pkobatch.controller.stack_metrics``).
 
 Each ``Metrics`` has its own registry (with the process/platform/GC collectors), so several
 managers can live in one test process.
@@ -16,8 +11,7 @@ managers can live in one test process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from prometheus_client import (
@@ -27,28 +21,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from pkobatch.api.constants import (
-    CONDITION_DRIFTED,
-    CONDITION_READY,
-    CONDITION_RECONCILING,
-    CONDITION_STALLED,
-    OPERATIONS,
-)
+from pkobatch.runtime.workqueue import WorkQueue
 
-if TYPE_CHECKING:
-    from pkobatch.runtime.interfaces import Stores
-    from pkobatch.runtime.workqueue import WorkQueue
-
-JSON = dict[str, Any]
-# PKO's controller name, so PKO's dashboards select pkobatch's series.
-CONTROLLER: Final = "stack-controller"
 RECONCILE_RESULTS: Final = ("success", "error", "requeue", "requeue_after")
-OPERATION_RESULTS: Final = ("succeeded", "failed", "conflict", "cancelled", "timeout")
 # controller-runtime's reconcile_time_seconds buckets.
 RECONCILE_BUCKETS: Final = (
     *(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5),
@@ -59,13 +38,13 @@ RECONCILE_BUCKETS: Final = (
 WORKQUEUE_BUCKETS: Final = tuple(1e-8 * 10**i for i in range(12))
 # client-go's rest_client_rate_limiter_duration_seconds buckets.
 RATE_LIMITER_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
-OPERATION_BUCKETS: Final = (5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
 
 class Metrics:
-    """All metrics of one controller process; the reconciler calls ``operation_finished``."""
+    """The runtime's metrics of one controller process, labelled ``controller``."""
 
-    def __init__(self) -> None:
+    def __init__(self, controller: str) -> None:
+        self.controller = controller
         registry = self.registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
@@ -116,11 +95,11 @@ class Metrics:
             registry=registry,
         )
         for result in RECONCILE_RESULTS:
-            self._reconcile_total.labels(CONTROLLER, result)
+            self._reconcile_total.labels(self.controller, result)
         for child in (self._reconcile_errors, self._terminal_errors, self._panics):
-            child.labels(CONTROLLER)
-        self._reconcile_time.labels(CONTROLLER)
-        self._active_workers.labels(CONTROLLER)
+            child.labels(self.controller)
+        self._reconcile_time.labels(self.controller)
+        self._active_workers.labels(self.controller)
 
         queue_labels = ["controller", "name"]
         self._queue_depth = Gauge(
@@ -201,54 +180,29 @@ class Metrics:
             ["resource", "type"],
             registry=registry,
         )
-        self._operations = Counter(
-            "pkobatch_stack_operations_total",
-            "Pulumi operations finished, by operation and result",
-            ["operation", "result"],
-            registry=registry,
-        )
-        self._operation_duration = Histogram(
-            "pkobatch_stack_operation_duration_seconds",
-            "Duration of Pulumi operations (Job start to completion)",
-            ["operation"],
-            buckets=OPERATION_BUCKETS,
-            registry=registry,
-        )
-        for operation in OPERATIONS:
-            self._operation_duration.labels(operation)
-            for op_result in OPERATION_RESULTS:
-                self._operations.labels(operation, op_result)
-
-    # -- for the reconciler ---------------------------------------------------------------
-
-    def operation_finished(self, operation: str, result: str, duration_seconds: float) -> None:
-        """A Pulumi operation ended; ``result`` is one of OPERATION_RESULTS."""
-        self._operations.labels(operation, result).inc()
-        if duration_seconds >= 0:
-            self._operation_duration.labels(operation).observe(duration_seconds)
 
     # -- for the runtime ------------------------------------------------------------------
 
     def reconcile_finished(self, result: str, seconds: float) -> None:
-        self._reconcile_total.labels(CONTROLLER, result).inc()
-        self._reconcile_time.labels(CONTROLLER).observe(seconds)
+        self._reconcile_total.labels(self.controller, result).inc()
+        self._reconcile_time.labels(self.controller).observe(seconds)
         if result == "error":
-            self._reconcile_errors.labels(CONTROLLER).inc()
+            self._reconcile_errors.labels(self.controller).inc()
 
     def terminal_error(self) -> None:
-        self._terminal_errors.labels(CONTROLLER).inc()
+        self._terminal_errors.labels(self.controller).inc()
 
     def panic(self) -> None:
-        self._panics.labels(CONTROLLER).inc()
+        self._panics.labels(self.controller).inc()
 
     def worker_started(self) -> None:
-        self._active_workers.labels(CONTROLLER).inc()
+        self._active_workers.labels(self.controller).inc()
 
     def worker_finished(self) -> None:
-        self._active_workers.labels(CONTROLLER).dec()
+        self._active_workers.labels(self.controller).dec()
 
     def set_max_concurrent(self, workers: int) -> None:
-        self._max_concurrent.labels(CONTROLLER).set(workers)
+        self._max_concurrent.labels(self.controller).set(workers)
 
     def set_leader(self, lease_name: str, leading: bool) -> None:
         self._leader.labels(lease_name).set(1 if leading else 0)
@@ -273,32 +227,17 @@ class Metrics:
     def watch_event(self, resource: str, event_type: str) -> None:
         self._watch_events.labels(resource, event_type).inc()
 
-    def queue_hooks(self, name: str = CONTROLLER) -> QueueHooks:
+    def queue_hooks(self, name: str | None = None) -> QueueHooks:
         """``QueueMetrics`` for the work queue ``name``."""
-        return QueueHooks(self, name)
+        return QueueHooks(self, name or self.controller)
 
-    def track_queue(self, queue: WorkQueue[Any], name: str = CONTROLLER) -> None:
+    def track_queue(self, queue: WorkQueue[Any], name: str | None = None) -> None:
         """Export ``queue``'s in-flight work (unfinished and longest-running seconds)."""
-        self._unfinished.labels(CONTROLLER, name).set_function(lambda: sum(queue.processing_ages()))
-        self._longest.labels(CONTROLLER, name).set_function(
+        labels = (self.controller, name or self.controller)
+        self._unfinished.labels(*labels).set_function(lambda: sum(queue.processing_ages()))
+        self._longest.labels(*labels).set_function(
             lambda: max(queue.processing_ages(), default=0.0)
         )
-
-    def track_stores(self, stores: Stores) -> None:
-        self.registry.register(_StoreCollector(stores))
-
-    def track_admission(self, waiting: Callable[[], int], cap: int) -> None:
-        """Export the cap on active Jobs and how many Stacks wait for a free slot."""
-        Gauge(
-            "pkobatch_jobs_waiting",
-            "Stacks waiting to start a Job because max_active_jobs Jobs are active",
-            registry=self.registry,
-        ).set_function(lambda: float(waiting()))
-        Gauge(
-            "pkobatch_jobs_max_active",
-            "The cap on active Jobs (setting max_active_jobs)",
-            registry=self.registry,
-        ).set(cap)
 
     def exposition(self) -> bytes:
         return bytes(generate_latest(self.registry))
@@ -308,7 +247,7 @@ class QueueHooks:
     """``QueueMetrics`` for one named queue."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        labels = (CONTROLLER, name)
+        labels = (metrics.controller, name)
         self._depth = metrics._queue_depth.labels(*labels, "")
         self._adds = metrics._queue_adds.labels(*labels)
         self._latency = metrics._queue_latency.labels(*labels)
@@ -329,104 +268,3 @@ class QueueHooks:
 
     def retried(self) -> None:
         self._retries.inc()
-
-
-class _StoreCollector:
-    """Per-Stack series, PKO's gauges and the active-Job count, read from the stores at
-    scrape time."""
-
-    def __init__(self, stores: Stores) -> None:
-        self._stores = stores
-
-    def collect(self) -> Iterator[Metric]:
-        per_stack = ["namespace", "name"]
-        info = GaugeMetricFamily(
-            "pkobatch_stack_info",
-            "One series per Stack with its Pulumi stack, readiness, Ready reason and suspension",
-            labels=["namespace", "name", "stack", "ready", "reason", "suspended"],
-        )
-        failing = GaugeMetricFamily(
-            "stacks_failing",
-            "1 when the Stack's last update failed (PKO's gauge)",
-            labels=per_stack,
-        )
-        reconciling = GaugeMetricFamily(
-            "stacks_reconciling",
-            "1 while the Stack's Reconciling condition is True (PKO's gauge)",
-            labels=per_stack,
-        )
-        stalled = GaugeMetricFamily(
-            "pkobatch_stack_stalled",
-            "1 while the Stack's Stalled condition is True (it needs a change or a request), "
-            "with the Stalled reason",
-            labels=[*per_stack, "reason"],
-        )
-        drifted = GaugeMetricFamily(
-            "pkobatch_stack_drifted",
-            "1 while the Stack's Drifted condition is True (its last drift check found changes)",
-            labels=per_stack,
-        )
-        failures = GaugeMetricFamily(
-            "pkobatch_stack_consecutive_failures",
-            "Failed runs in a row for the Stack's current generation and request "
-            "(status.lastUpdate.failures)",
-            labels=per_stack,
-        )
-        stacks = self._stores.stacks.list_objects()
-        for stack in stacks:
-            meta = stack.get("metadata") or {}
-            spec = stack.get("spec") or {}
-            status = stack.get("status") or {}
-            last_update = status.get("lastUpdate") or {}
-            key = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
-            ready = _condition(status, CONDITION_READY)
-            info.add_metric(
-                [
-                    *key,
-                    str(spec.get("stack", "")),
-                    str(ready.get("status", "Unknown")),
-                    str(ready.get("reason", "")),
-                    "true" if spec.get("suspend") else "false",
-                ],
-                1.0,
-            )
-            failing.add_metric(key, 1.0 if last_update.get("state") == "failed" else 0.0)
-            reconciling.add_metric(key, _true(_condition(status, CONDITION_RECONCILING)))
-            stall = _condition(status, CONDITION_STALLED)
-            stalled.add_metric([*key, str(stall.get("reason", ""))], _true(stall))
-            drifted.add_metric(key, _true(_condition(status, CONDITION_DRIFTED)))
-            failures.add_metric(key, float(last_update.get("failures") or 0))
-        active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
-        active_stacks.add_metric([], float(len(stacks)))
-        active_programs = GaugeMetricFamily("programs_active", "Number of Programs (PKO's gauge)")
-        active_programs.add_metric([], float(len(self._stores.programs.list_objects())))
-        yield from (active_stacks, active_programs, failing, reconciling, info)
-        yield from (stalled, drifted, failures)
-        active = GaugeMetricFamily(
-            "pkobatch_jobs_active", "pkobatch Jobs that have not finished (Complete or Failed)"
-        )
-        active.add_metric(
-            [], float(sum(1 for job in self._stores.jobs.list_objects() if _active(job)))
-        )
-        yield active
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-
-def _condition(status: JSON, condition_type: str) -> JSON:
-    conditions = status.get("conditions") or ()
-    return next((c for c in conditions if c.get("type") == condition_type), {})
-
-
-def _true(condition: JSON) -> float:
-    return 1.0 if condition.get("status") == "True" else 0.0
-
-
-def _active(job: JSON) -> bool:
-    status = job.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    for condition in conditions or ():
-        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
-            return False
-    return True

@@ -29,13 +29,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pkobatch.kube.client import Forbidden, Gone, Kube, KubeError, NotFound, Resource
+from pkobatch.runtime.interfaces import MapFunc, ObjectKey
+from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.store import Store, slim
-
-if TYPE_CHECKING:
-    from pkobatch.runtime.metrics import Metrics
 
 JSON = dict[str, Any]
 OnChange = Callable[[JSON | None, JSON | None], None]
@@ -46,6 +45,21 @@ RELIST_AFTER_FAILURES: Final = 5
 MIN_HEALTHY_WATCH_SECONDS: Final = 1.0
 
 log = logging.getLogger(__name__)
+
+
+def enqueue_keys(to_keys: MapFunc, enqueue: Callable[[ObjectKey], None]) -> OnChange:
+    """An ``on_change`` that enqueues the keys of the object before and after the change
+    (an update may move an object from one key to another)."""
+
+    def changed(old: JSON | None, new: JSON | None) -> None:
+        keys: set[ObjectKey] = set()
+        for obj in (old, new):
+            if obj is not None:
+                keys.update(to_keys(obj))
+        for key in keys:
+            enqueue(key)
+
+    return changed
 
 
 class Reflector:

@@ -1,14 +1,13 @@
 """The local cache a reflector fills: key "namespace/name" -> the object as a plain dict.
 
-Readers get the stored dict itself, not a copy (copies of thousands of Stacks per resync
+Readers get the stored dict itself, not a copy (copies of thousands of objects per resync
 would dominate CPU and memory): treat everything a store returns as read-only and
 ``copy.deepcopy`` before changing it. The reflector replaces objects, never mutates them.
 
-Each object is also indexed by the Stack it belongs to, (namespace, stack name), so the
-reconciler finds a Stack's Jobs and result ConfigMaps without scanning. The Stack name is
-taken from, in order: the ``pkobatch.io/stack-name`` annotation (present when the name is too
-long for a label), the controlling ownerReference of kind Stack, the ``pkobatch.io/stack``
-label. Stacks index under their own name.
+A store may index its objects by the name of the object they belong to, in the same
+namespace (``owner_of``; controller-runtime's field indexer), so a reconciler finds, say, a
+parent's children without scanning. What "belongs to" means is the caller's: the runtime
+knows no kind.
 
 Objects are slimmed on ingest (``slim``): ``metadata.managedFields`` and kubectl's
 last-applied annotation are dropped — nothing in pkobatch reads them and they are often
@@ -18,38 +17,20 @@ the larger half of an object.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pkobatch.api.constants import KIND, STACK_LABEL, STACK_NAME_ANNOTATION
-from pkobatch.runtime.interfaces import StackKey
+from pkobatch.runtime.interfaces import ObjectKey
 
 JSON = dict[str, Any]
+OwnerOf = Callable[[JSON], str | None]
+"""The name of the object ``obj`` belongs to (same namespace); None: it belongs to none."""
 LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 
 
-def object_key(obj: JSON) -> StackKey:
+def object_key(obj: JSON) -> ObjectKey:
     meta = obj.get("metadata") or {}
-    return StackKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def stack_name_of(obj: JSON) -> str | None:
-    """The name of the Stack ``obj`` belongs to (itself, for a Stack); None when unknown."""
-    meta = obj.get("metadata") or {}
-    if obj.get("kind") == KIND and str(obj.get("apiVersion", "")).startswith("pulumi.com/"):
-        return str(meta.get("name") or "") or None
-    annotations = meta.get("annotations") or {}
-    if annotations.get(STACK_NAME_ANNOTATION):
-        return str(annotations[STACK_NAME_ANNOTATION])
-    for owner in meta.get("ownerReferences") or ():
-        if (
-            owner.get("controller")
-            and owner.get("kind") == KIND
-            and owner.get("apiVersion", "").startswith("pulumi.com/")
-        ):
-            return str(owner.get("name") or "") or None
-    label = (meta.get("labels") or {}).get(STACK_LABEL)
-    return str(label) if label else None
+    return ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def slim(obj: JSON) -> JSON:
@@ -64,13 +45,14 @@ def slim(obj: JSON) -> JSON:
 
 
 class Store:
-    """Thread-safe map of objects with a by-Stack index."""
+    """Thread-safe map of objects, indexed by owner when ``owner_of`` is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner_of: OwnerOf | None = None) -> None:
+        self._owner_of = owner_of
         self._lock = threading.Lock()
-        self._objects: dict[StackKey, JSON] = {}
-        self._stack_of: dict[StackKey, StackKey] = {}
-        self._by_stack: dict[StackKey, dict[StackKey, JSON]] = {}
+        self._objects: dict[ObjectKey, JSON] = {}
+        self._owner: dict[ObjectKey, ObjectKey] = {}
+        self._by_owner: dict[ObjectKey, dict[ObjectKey, JSON]] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -78,9 +60,9 @@ class Store:
 
     def get(self, namespace: str, name: str) -> JSON | None:
         with self._lock:
-            return self._objects.get(StackKey(namespace, name))
+            return self._objects.get(ObjectKey(namespace, name))
 
-    def list_keys(self) -> list[StackKey]:
+    def list_keys(self) -> list[ObjectKey]:
         with self._lock:
             return list(self._objects)
 
@@ -88,10 +70,10 @@ class Store:
         with self._lock:
             return list(self._objects.values())
 
-    def for_stack(self, namespace: str, stack_name: str) -> list[JSON]:
-        """Objects belonging to the Stack ``namespace/stack_name`` (for Stacks: itself)."""
+    def for_owner(self, namespace: str, owner_name: str) -> list[JSON]:
+        """Objects that belong to ``namespace/owner_name`` (by ``owner_of``)."""
         with self._lock:
-            return list(self._by_stack.get(StackKey(namespace, stack_name), {}).values())
+            return list(self._by_owner.get(ObjectKey(namespace, owner_name), {}).values())
 
     def upsert(self, obj: JSON) -> JSON | None:
         """Store ``obj``; returns the object it replaced."""
@@ -136,20 +118,20 @@ class Store:
                 self._index(key, obj)
         return changed, deleted
 
-    def _index(self, key: StackKey, obj: JSON) -> None:
-        stack_name = stack_name_of(obj)
-        if stack_name:
-            stack = StackKey(key.namespace, stack_name)
-            self._stack_of[key] = stack
-            self._by_stack.setdefault(stack, {})[key] = obj
+    def _index(self, key: ObjectKey, obj: JSON) -> None:
+        owner_name = self._owner_of(obj) if self._owner_of else None
+        if owner_name:
+            owner = ObjectKey(key.namespace, owner_name)
+            self._owner[key] = owner
+            self._by_owner.setdefault(owner, {})[key] = obj
 
-    def _unindex(self, key: StackKey) -> None:
-        stack = self._stack_of.pop(key, None)
-        if stack is not None:
-            members = self._by_stack[stack]
+    def _unindex(self, key: ObjectKey) -> None:
+        owner = self._owner.pop(key, None)
+        if owner is not None:
+            members = self._by_owner[owner]
             members.pop(key, None)
             if not members:
-                del self._by_stack[stack]
+                del self._by_owner[owner]
 
 
 def _resource_version(obj: JSON) -> str:

@@ -18,7 +18,7 @@ import threading
 import time
 
 from pkobatch.kube.client import KubeError
-from pkobatch.runtime.interfaces import Reconciler, StackKey, TerminalError
+from pkobatch.runtime.interfaces import ObjectKey, Reconciler, TerminalError
 from pkobatch.runtime.logs import reconcile_context
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.workqueue import WorkQueue
@@ -29,12 +29,16 @@ log = logging.getLogger(__name__)
 class WorkerPool:
     def __init__(
         self,
-        queue: WorkQueue[StackKey],
+        queue: WorkQueue[ObjectKey],
         reconciler: Reconciler,
         metrics: Metrics,
         workers: int,
+        *,
+        kind: str,
     ) -> None:
+        """``kind``: what the keys name (the ``controllerKind`` of log lines)."""
         self._queue = queue
+        self._kind = kind
         self._reconciler = reconciler
         self._metrics = metrics
         self._threads = [
@@ -59,19 +63,19 @@ class WorkerPool:
         while (key := self._queue.get()) is not None:
             self.process(key)
 
-    def process(self, key: StackKey) -> None:
+    def process(self, key: ObjectKey) -> None:
         self._metrics.worker_started()
         started = time.monotonic()
         outcome = "error"
         try:
-            with reconcile_context(key):
+            with reconcile_context(self._kind, key):
                 outcome = self._reconcile(key)
         finally:
             self._metrics.reconcile_finished(outcome, time.monotonic() - started)
             self._metrics.worker_finished()
             self._queue.done(key)
 
-    def _reconcile(self, key: StackKey) -> str:
+    def _reconcile(self, key: ObjectKey) -> str:
         queue = self._queue
         try:
             result = self._reconciler.reconcile(key)

@@ -126,9 +126,10 @@ CONTROLLER = textwrap.dedent(
     import sys
     from pkobatch.config import load_settings
     from pkobatch.kube.client import Kube
+    from pkobatch.controller.composition import CONTROLLER_NAME, build_manager
     from pkobatch.runtime.interfaces import ReconcileResult
     from pkobatch.runtime.logs import setup_logging
-    from pkobatch.runtime.manager import Manager
+    from pkobatch.runtime.metrics import Metrics
     import signal
 
     identity, record = sys.argv[1], sys.argv[2]
@@ -141,7 +142,9 @@ CONTROLLER = textwrap.dedent(
 
     settings = load_settings(metrics_addr="0", health_addr="0")
     setup_logging("info", "json")
-    manager = Manager(Kube.connect(), settings, lambda *a: Recorder(), identity=identity)
+    manager = build_manager(
+        Kube.connect(), settings, Metrics(CONTROLLER_NAME), lambda *a: Recorder(), identity=identity
+    )
     signal.signal(signal.SIGTERM, lambda *_: manager.stop())
     manager.run()
     """

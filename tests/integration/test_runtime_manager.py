@@ -1,5 +1,6 @@
-"""The Manager against the real API server: events of Stacks, Jobs and result ConfigMaps
-become reconciles of the right Stack; metrics and health endpoints; the reconciler's
+"""The Manager, wired as ``pkobatch controller`` wires it (``composition.build_manager``),
+against the real API server: events of Stacks, Jobs and result ConfigMaps become reconciles
+of the right Stack; metrics and health endpoints; the reconciler's
 enqueuer; graceful shutdown lets an in-flight reconcile finish."""
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import pytest
 
 from pkobatch.api.constants import STACK_LABEL, STACK_NAME_ANNOTATION
 from pkobatch.config import Settings, load_settings
+from pkobatch.controller.composition import CONTROLLER_NAME, build_manager
+from pkobatch.controller.stack_metrics import StackMetrics
+from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, JOBS, STACKS, Kube
-from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult, StackKey, Stores
+from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult
 from pkobatch.runtime.manager import Manager
 from pkobatch.runtime.metrics import Metrics
 
@@ -62,16 +66,16 @@ def running(cluster: Any, namespace: str) -> Iterator[tuple[Manager, Recording]]
     built: list[Recording] = []
 
     def factory(
-        kube: Kube, stores: Stores, settings: Settings, metrics: Metrics, enqueuer: Enqueuer
+        kube: Kube, stores: Stores, settings: Settings, metrics: StackMetrics, enqueuer: Enqueuer
     ) -> Recording:
         built.append(Recording(stores, enqueuer))
         return built[0]
 
     # Wired as `pkobatch controller` does: every API request is counted.
-    metrics = Metrics()
+    metrics = Metrics(CONTROLLER_NAME)
     kube = Kube.connect(str(cluster.kubeconfig), on_request=metrics.request_done)
     metrics.set_api_server(kube.host)
-    manager = Manager(kube, settings, factory, metrics=metrics)
+    manager = build_manager(kube, settings, metrics, factory)
     thread = threading.Thread(target=manager.run)
     thread.start()
     try:
@@ -131,7 +135,7 @@ def get(url: str) -> tuple[int, str]:
 def test_child_objects_wake_their_stack(
     kube: Kube, namespace: str, running: tuple[Manager, Recording]
 ) -> None:
-    manager, recording = running
+    _, recording = running
     long_name = "l" * 40  # the annotation wins over a (hashed) label
     for name in ("plain", "owned", long_name):
         kube.create(STACKS, stack(name), namespace)
@@ -180,9 +184,9 @@ def test_child_objects_wake_their_stack(
         )
     assert StackKey(namespace, "not-a-stack") not in recording.keys
     assert StackKey(namespace, "ignored") not in recording.keys
-    assert [j["metadata"]["name"] for j in manager.stores.jobs.for_stack(namespace, long_name)] == [
-        "long-up-1"
-    ]
+    assert [
+        j["metadata"]["name"] for j in recording.stores.jobs.for_owner(namespace, long_name)
+    ] == ["long-up-1"]
 
 
 def test_enqueuer_wakes_another_stack(
@@ -238,7 +242,7 @@ def test_shutdown_finishes_in_flight_reconciles(kube: Kube, namespace: str) -> N
         holder[0].slow.add("slow")
         return holder[0]
 
-    manager = Manager(kube, settings, factory)
+    manager = build_manager(kube, settings, Metrics(CONTROLLER_NAME), factory)
     thread = threading.Thread(target=manager.run)
     thread.start()
     wait_until(manager.synced, timeout=30, what="caches to sync")

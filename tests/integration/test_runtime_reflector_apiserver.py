@@ -12,6 +12,7 @@ import pytest
 
 from pkobatch.api.constants import RESULT_KEY, STACK_LABEL
 from pkobatch.controller.cache import cache_result
+from pkobatch.controller.stores import stack_name_of
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, STACKS, Kube, WatchStream
 from pkobatch.runtime.reflector import Reflector
@@ -76,7 +77,6 @@ def test_stacks_are_mirrored_through_create_update_delete(
     s1 = store.get(namespace, "s1")
     assert s1 is not None and s1["spec"]["branch"] == "dev"
     assert "managedFields" not in s1["metadata"], "objects are slimmed on ingest"
-    assert store.for_stack(namespace, "s1") == [s1]
 
     kube.delete(STACKS, "s1", namespace)
     wait_until(lambda: changes.has("deleted", "s1"), timeout=30, what="DELETED s1")
@@ -87,7 +87,7 @@ def test_stacks_are_mirrored_through_create_update_delete(
 def test_label_selected_configmaps_are_indexed_by_stack(
     kube: Kube, namespace: str, reflectors: list[Reflector]
 ) -> None:
-    store, changes = Store(), Changes()
+    store, changes = Store(owner_of=stack_name_of), Changes()
     reflector = Reflector(
         kube,
         CONFIGMAPS,
@@ -111,7 +111,7 @@ def test_label_selected_configmaps_are_indexed_by_stack(
             namespace,
         )
     wait_until(lambda: changes.has("added", "ours"), timeout=30, what="ADDED ours")
-    assert [cm["metadata"]["name"] for cm in store.for_stack(namespace, "web")] == ["ours"]
+    assert [cm["metadata"]["name"] for cm in store.for_owner(namespace, "web")] == ["ours"]
     assert store.get(namespace, "theirs") is None
 
 
@@ -189,7 +189,7 @@ def test_listed_and_watched_objects_are_cached_through_the_transform(
         }
 
     kube.create(CONFIGMAPS, result_configmap("listed"), namespace)
-    store, changes = Store(), Changes()
+    store, changes = Store(owner_of=stack_name_of), Changes()
     reflector = Reflector(
         kube,
         CONFIGMAPS,
@@ -212,7 +212,7 @@ def test_listed_and_watched_objects_are_cached_through_the_transform(
         kept = json.loads(cached["data"][RESULT_KEY])
         assert kept["jobName"] == name and kept["state"] == "succeeded"
         assert "pulumiVersion" not in kept and "changes" not in kept
-    assert [cm["metadata"]["name"] for cm in store.for_stack(namespace, "web")] == [
+    assert [cm["metadata"]["name"] for cm in store.for_owner(namespace, "web")] == [
         "listed",
         "watched",
     ]

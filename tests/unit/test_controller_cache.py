@@ -25,7 +25,7 @@ from pkobatch.controller.cache import (
 from pkobatch.controller.jobs import Run, builtin_template
 from pkobatch.controller.observe import owned_by
 from pkobatch.controller.plan import Observed, Plan, plan
-from pkobatch.runtime.store import stack_name_of
+from pkobatch.controller.stores import stack_name_of
 
 JSON = dict[str, Any]
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]

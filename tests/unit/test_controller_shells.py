@@ -28,7 +28,7 @@ from pkobatch.controller.polling import (
     scrub,
 )
 from pkobatch.controller.reconcile import Admission, Dependents, TemplateInvalid, load_template
-from pkobatch.runtime.interfaces import StackKey
+from pkobatch.controller.stores import StackKey
 
 A, B, C, D = (StackKey("ns", n) for n in "abcd")
 
@@ -358,10 +358,9 @@ class LiveReads:
 
 def observer_world(current: str, jobs: list[dict[str, Any]], live: LiveReads) -> Any:
     from pkobatch.controller.observe import Observer
-    from pkobatch.runtime.interfaces import Stores
-    from pkobatch.runtime.store import Store
+    from pkobatch.controller.stores import Stores
 
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
+    stores = Stores.empty()
     stores.stacks.upsert(
         {
             "apiVersion": "pulumi.com/v1",
@@ -498,10 +497,9 @@ def test_observe_asks_for_a_fresh_head_only_when_the_change_will_run(
     suspend: bool, fresh_for: object
 ) -> None:
     from pkobatch.controller.observe import Observer
-    from pkobatch.runtime.interfaces import Stores
-    from pkobatch.runtime.store import Store
+    from pkobatch.controller.stores import Stores
 
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
+    stores = Stores.empty()
     spec = {"stack": "dev", "projectRepo": "https://g/x.git", "branch": "main", "suspend": suspend}
     stores.stacks.upsert(
         {

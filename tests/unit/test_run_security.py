@@ -17,11 +17,10 @@ from pkobatch.controller.jobs import JobBuildError, Run, build_job, builtin_temp
 from pkobatch.controller.observe import Observer
 from pkobatch.controller.plan import Observed, SourceHead, plan, run_refusal
 from pkobatch.controller.polling import GitCredentials, GitPoller, PollKey
+from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.git import GitCredentials as RunnerCredentials
 from pkobatch.runner.git import check_transport
-from pkobatch.runtime.interfaces import StackKey, Stores
-from pkobatch.runtime.store import Store
 
 RUN = Run(operation="up", kind="sync", generation=1, reconcile_request="", commit="c", trigger="t")
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -370,7 +369,7 @@ class _CountingPoller(GitPoller):
     ],
 )
 def test_only_stacks_that_could_run_are_polled(spec: dict[str, Any], polled: bool) -> None:
-    stores = Stores(stacks=Store(), jobs=Store(), configmaps=Store(), programs=Store())
+    stores = Stores.empty()
     git = {"projectRepo": "https://g/r.git", "branch": "main", "gitAuth": BASIC_AUTH}
     stores.stacks.upsert(stack({**git, **spec}))
     poller = _CountingPoller()

@@ -1,12 +1,13 @@
-"""The object store, its by-Stack index and slimming."""
+"""The object store, its by-owner index (by Stack, as the controller wires it) and slimming."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pkobatch.api.constants import STACK_LABEL, STACK_NAME_ANNOTATION
-from pkobatch.runtime.interfaces import StackKey
-from pkobatch.runtime.store import Store, slim, stack_name_of
+from pkobatch.controller.stores import stack_name_of
+from pkobatch.runtime.interfaces import ObjectKey
+from pkobatch.runtime.store import Store, slim
 
 
 def obj(
@@ -57,19 +58,19 @@ def test_stack_name_prefers_annotation_then_controller_owner_then_label() -> Non
 
 
 def test_index_follows_upserts_and_deletes() -> None:
-    store = Store()
+    store = Store(owner_of=stack_name_of)
     job1 = obj("j1", labels={STACK_LABEL: "a"})
     job2 = obj("j2", labels={STACK_LABEL: "a"})
     store.upsert(job1)
     store.upsert(job2)
     store.upsert(obj("j3", labels={STACK_LABEL: "a"}, namespace="other"))
-    assert {j["metadata"]["name"] for j in store.for_stack("ns", "a")} == {"j1", "j2"}
+    assert {j["metadata"]["name"] for j in store.for_owner("ns", "a")} == {"j1", "j2"}
     # A relabelled object moves to its new Stack.
     store.upsert(obj("j2", "2", labels={STACK_LABEL: "b"}))
-    assert [j["metadata"]["name"] for j in store.for_stack("ns", "a")] == ["j1"]
-    assert [j["metadata"]["name"] for j in store.for_stack("ns", "b")] == ["j2"]
+    assert [j["metadata"]["name"] for j in store.for_owner("ns", "a")] == ["j1"]
+    assert [j["metadata"]["name"] for j in store.for_owner("ns", "b")] == ["j2"]
     assert store.delete(job1) is job1
-    assert store.for_stack("ns", "a") == []
+    assert store.for_owner("ns", "a") == []
     assert store.get("ns", "j1") is None
     assert len(store) == 2
 
@@ -85,10 +86,10 @@ def test_replace_reports_changed_and_deleted_within_its_namespace() -> None:
     assert [old for old, new in changed if new["metadata"]["name"] == "new"] == [None]
     assert [d["metadata"]["name"] for d in deleted] == ["gone"]
     assert sorted(store.list_keys()) == [
-        StackKey("ns", "bump"),
-        StackKey("ns", "keep"),
-        StackKey("ns", "new"),
-        StackKey("other", "elsewhere"),
+        ObjectKey("ns", "bump"),
+        ObjectKey("ns", "keep"),
+        ObjectKey("ns", "new"),
+        ObjectKey("other", "elsewhere"),
     ]
 
 
@@ -98,7 +99,7 @@ def test_replace_without_namespace_covers_everything() -> None:
     changed, deleted = store.replace([obj("b", namespace="y")])
     assert [new["metadata"]["name"] for _, new in changed] == ["b"]
     assert [d["metadata"]["name"] for d in deleted] == ["a"]
-    assert store.list_keys() == [StackKey("y", "b")]
+    assert store.list_keys() == [ObjectKey("y", "b")]
 
 
 def test_slim_drops_managed_fields_and_last_applied() -> None:

@@ -7,13 +7,13 @@ import json
 import logging
 
 from pkobatch.kube.client import Conflict
-from pkobatch.runtime.interfaces import ReconcileResult, StackKey, TerminalError
+from pkobatch.runtime.interfaces import ObjectKey, ReconcileResult, TerminalError
 from pkobatch.runtime.logs import setup_logging
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import ExponentialBackoff, WorkQueue
 
-KEY = StackKey("ns", "s")
+KEY = ObjectKey("ns", "s")
 
 
 class Clock:
@@ -30,7 +30,7 @@ class Scripted:
         self.outcomes = list(outcomes)
         self.log = logging.getLogger("test.reconciler")
 
-    def reconcile(self, key: StackKey) -> ReconcileResult:
+    def reconcile(self, key: ObjectKey) -> ReconcileResult:
         self.log.info("reconciling", extra={"step": "observe"})
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, Exception):
@@ -40,17 +40,17 @@ class Scripted:
 
 def setup(
     *outcomes: ReconcileResult | Exception,
-) -> tuple[WorkQueue[StackKey], WorkerPool, Metrics, Clock]:
+) -> tuple[WorkQueue[ObjectKey], WorkerPool, Metrics, Clock]:
     clock = Clock()
-    metrics = Metrics()
-    queue: WorkQueue[StackKey] = WorkQueue(
+    metrics = Metrics("stack-controller")
+    queue: WorkQueue[ObjectKey] = WorkQueue(
         clock=clock, backoff=ExponentialBackoff(base=1.0, cap=60), metrics=metrics.queue_hooks()
     )
-    pool = WorkerPool(queue, Scripted(*outcomes), metrics, workers=2)
+    pool = WorkerPool(queue, Scripted(*outcomes), metrics, workers=2, kind="Stack")
     return queue, pool, metrics, clock
 
 
-def run_one(queue: WorkQueue[StackKey], pool: WorkerPool) -> None:
+def run_one(queue: WorkQueue[ObjectKey], pool: WorkerPool) -> None:
     key = queue.get(timeout=0)
     assert key == KEY
     pool.process(key)
@@ -63,7 +63,7 @@ def total(metrics: Metrics, result: str) -> float | None:
 
 
 def test_result_labels_are_preinitialised() -> None:
-    metrics = Metrics()
+    metrics = Metrics("stack-controller")
     for result in ("success", "error", "requeue", "requeue_after"):
         assert total(metrics, result) == 0.0
 

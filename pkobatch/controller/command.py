@@ -1,4 +1,4 @@
-"""``pkobatch controller``: run the Stack controller.
+"""``pkobatch controller``: run the Stack controller (wired in ``composition``).
 
 Settings come from ``PKOBATCH_*`` environment variables; a flag overrides its variable only
 when given. Invalid settings print every problem and exit with status 2. SIGTERM and
@@ -19,7 +19,6 @@ from pkobatch.config import SettingsInvalid, load_settings
 from pkobatch.kube.client import Kube, KubeError
 from pkobatch.kube.ratelimit import TokenBucket
 from pkobatch.runtime.logs import setup_logging
-from pkobatch.runtime.manager import Manager
 from pkobatch.runtime.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -78,9 +77,10 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
         sys.exit(2)
     setup_logging(settings.log_level, settings.log_format)
 
-    from pkobatch.controller.reconcile import build_reconciler
+    # The reconciler's modules load only when the controller runs, not for every CLI command.
+    from pkobatch.controller.composition import CONTROLLER_NAME, build_manager
 
-    metrics = Metrics()
+    metrics = Metrics(CONTROLLER_NAME)
     try:
         kube = Kube.connect(
             settings.kubeconfig or None,
@@ -95,7 +95,7 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
         log.error("cannot connect to the Kubernetes API: %s", exc)
         sys.exit(1)
     metrics.set_api_server(kube.host)
-    manager = Manager(kube, settings, build_reconciler, metrics=metrics)
+    manager = build_manager(kube, settings, metrics)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)

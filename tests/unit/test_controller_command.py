@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pkobatch.runtime.command import controller_command
+from pkobatch.controller.command import controller_command
 
 
 @pytest.mark.parametrize(

@@ -1,43 +1,45 @@
-"""Watches of the Flux sources Stacks name in ``spec.fluxSource``, started on first use.
+"""Watches of kinds that are started on first use.
 
-Flux's CRDs are optional: a cluster without Flux must not keep the controller from being
-ready, so no Flux kind is watched until a Stack names it (as PKO does). The first
-``get`` of a kind starts one reflector per watched namespace; until it has listed, ``get``
-answers ``None`` with ``synced`` False, and the reflector's events wake the Stacks that
-name the changed object.
+Some kinds are optional (their CRDs may not be installed): a cluster without them must not
+keep the controller from being ready, so such a kind is not watched until something asks for
+one of its objects. The first ``get`` of a kind starts one reflector per watched namespace;
+until it has listed, ``get`` answers ``None`` with ``synced`` False, and the reflector's
+events enqueue the keys the kind's map function gives.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pkobatch.kube.client import Kube, flux_source_resource
-from pkobatch.runtime.interfaces import StackKey
-from pkobatch.runtime.reflector import Reflector
+from pkobatch.kube.client import Kube, Resource
+from pkobatch.runtime.interfaces import MapFunc, ObjectKey
+from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.reflector import Reflector, enqueue_keys
 from pkobatch.runtime.store import Store
-
-if TYPE_CHECKING:
-    from pkobatch.runtime.metrics import Metrics
 
 JSON = dict[str, Any]
 
 
-class FluxSourceWatches:
+class OnDemandWatches:
     def __init__(
         self,
         kube: Kube,
         namespaces: list[str | None],
-        stacks: Store,
-        enqueue: Callable[[StackKey], None],
+        resource_for: Callable[[str, str], Resource],
+        map_for: Callable[[str, str], MapFunc],
+        enqueue: Callable[[ObjectKey], None],
         *,
         metrics: Metrics | None = None,
         read_timeout: float = 90.0,
     ) -> None:
+        """``resource_for(api_version, kind)``: the resource to watch; ``map_for(api_version,
+        kind)``: the keys an object of that kind wakes."""
         self._kube = kube
         self._namespaces = namespaces
-        self._stacks = stacks
+        self._resource_for = resource_for
+        self._map_for = map_for
         self._enqueue = enqueue
         self._metrics = metrics
         self._read_timeout = read_timeout
@@ -46,7 +48,7 @@ class FluxSourceWatches:
         self._stopped = False
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
-        """The source from its watch (starting the watch of its kind on first use)."""
+        """The object from its watch (starting the watch of its kind on first use)."""
         store, _ = self._watch(api_version, kind)
         return store.get(namespace, name)
 
@@ -69,13 +71,14 @@ class FluxSourceWatches:
                 return existing
             store, reflectors = Store(), []
             if not self._stopped:
-                resource = flux_source_resource(api_version, kind)
+                resource = self._resource_for(api_version, kind)
+                to_keys = self._map_for(api_version, kind)
                 for namespace in self._namespaces:
                     reflector = Reflector(
                         self._kube,
                         resource,
                         store,
-                        self._changed(api_version, kind),
+                        enqueue_keys(to_keys, self._enqueue),
                         namespace=namespace,
                         metrics=self._metrics,
                         read_timeout=self._read_timeout,
@@ -84,25 +87,3 @@ class FluxSourceWatches:
                     reflectors.append(reflector)
             self._watches[key] = (store, reflectors)
             return store, reflectors
-
-    def _changed(self, api_version: str, kind: str) -> Callable[[JSON | None, JSON | None], None]:
-        group = api_version.rpartition("/")[0]
-
-        def wake(old: JSON | None, new: JSON | None) -> None:
-            obj = new if new is not None else old
-            if obj is None:
-                return
-            meta = obj.get("metadata") or {}
-            namespace, name = meta.get("namespace"), meta.get("name")
-            for stack in self._stacks.list_objects():
-                stack_meta = stack.get("metadata") or {}
-                ref = ((stack.get("spec") or {}).get("fluxSource") or {}).get("sourceRef") or {}
-                if (
-                    stack_meta.get("namespace") == namespace
-                    and ref.get("kind") == kind
-                    and ref.get("name") == name
-                    and str(ref.get("apiVersion") or "").rpartition("/")[0] == group
-                ):
-                    self._enqueue(StackKey(str(namespace), str(stack_meta.get("name"))))
-
-        return wake

@@ -1,0 +1,128 @@
+"""The composition root of ``pkobatch controller``: wires the Stack reconciler into the
+generic runtime (``pkobatch.runtime``).
+
+``build_manager`` says what is watched (Stacks by the label selector; Jobs and ConfigMaps
+labelled managed-by pkobatch; Programs; Flux sources on first use) and which Stack each
+watched object wakes (``pkobatch.controller.stores``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from pkobatch.api.constants import KIND, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from pkobatch.config import Settings
+from pkobatch.controller.cache import cache_job, cache_result, cache_stack
+from pkobatch.controller.reconcile import build_reconciler
+from pkobatch.controller.stack_metrics import StackMetrics
+from pkobatch.controller.stores import (
+    Stores,
+    owning_stack,
+    stacks_naming_flux_source,
+    stacks_naming_program,
+    the_stack,
+)
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    PROGRAMS,
+    STACKS,
+    Kube,
+    flux_source_resource,
+)
+from pkobatch.runtime.interfaces import Enqueuer, ObjectKey, Reconciler
+from pkobatch.runtime.manager import (
+    LeaderElection,
+    Manager,
+    ManagerOptions,
+    QueueEnqueuer,
+    Watch,
+    exit_on_lost_lease,
+)
+from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.on_demand_watches import OnDemandWatches
+from pkobatch.runtime.workqueue import WorkQueue
+
+# PKO's controller name, so PKO's dashboards select pkobatch's series (the runtime's
+# ``controller`` label).
+CONTROLLER_NAME: Final = "stack-controller"
+MANAGED_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+ReconcilerFactory = Callable[[Kube, Stores, Settings, StackMetrics, Enqueuer], Reconciler]
+"""``build_reconciler(kube, stores, settings, metrics, enqueuer) -> Reconciler``."""
+
+
+def manager_options(settings: Settings) -> ManagerOptions:
+    election = settings.leader_election
+    return ManagerOptions(
+        kind=KIND,
+        namespaces=settings.namespaces,
+        workers=settings.workers,
+        leader_election=(
+            LeaderElection(
+                lease_name=election.lease_name,
+                lease_namespace=election.lease_namespace,
+                lease_duration=election.lease_duration.total_seconds(),
+                renew_deadline=election.renew_deadline.total_seconds(),
+                retry_period=election.retry_period.total_seconds(),
+            )
+            if election.enabled
+            else None
+        ),
+        health_addr=settings.health_addr,
+        metrics_addr=settings.metrics_addr,
+    )
+
+
+def build_manager(
+    kube: Kube,
+    settings: Settings,
+    metrics: Metrics,
+    reconciler_factory: ReconcilerFactory = build_reconciler,
+    *,
+    identity: str | None = None,
+    on_lost_lease: Callable[[], None] = exit_on_lost_lease,
+    read_timeout: float = 90.0,
+) -> Manager:
+    """The Stack controller on the runtime: stores, watches, the reconciler
+    ``reconciler_factory`` builds, its metrics."""
+    queue: WorkQueue[ObjectKey] = WorkQueue(metrics=metrics.queue_hooks())
+    stores = Stores.empty()
+    flux_sources = OnDemandWatches(
+        kube,
+        [*settings.namespaces] or [None],
+        flux_source_resource,
+        stacks_naming_flux_source(stores.stacks),
+        queue.add,
+        metrics=metrics,
+        read_timeout=read_timeout,
+    )
+    stores.flux_sources = flux_sources
+    stack_metrics = StackMetrics(metrics.registry)
+    stack_metrics.track_stores(stores)
+    reconciler = reconciler_factory(kube, stores, settings, stack_metrics, QueueEnqueuer(queue))
+    # The transforms keep only what the controller reads (``controller.cache``).
+    watches = [
+        Watch(STACKS, stores.stacks, the_stack, settings.label_selector, cache_stack),
+        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), MANAGED_SELECTOR, cache_job),
+        Watch(
+            CONFIGMAPS,
+            stores.configmaps,
+            owning_stack(stores.stacks),
+            MANAGED_SELECTOR,
+            cache_result,
+        ),
+        Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks)),
+    ]
+    return Manager(
+        kube,
+        queue,
+        reconciler,
+        watches,
+        manager_options(settings),
+        metrics=metrics,
+        also_stop=[flux_sources],
+        identity=identity,
+        on_lost_lease=on_lost_lease,
+        read_timeout=read_timeout,
+    )

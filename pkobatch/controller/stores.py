@@ -1,0 +1,144 @@
+"""What the Stack controller watches, and which Stack each watched object wakes.
+
+The runtime knows no kind: it fills the ``Store``s below and calls the map functions here
+(controller-runtime's map functions) to turn an object's change into the keys of the Stacks
+to reconcile.
+
+A Job or result ConfigMap belongs to the Stack named by, in order: the
+``pkobatch.io/stack-name`` annotation (present when the name is too long for a label), the
+controlling ownerReference of kind Stack, the ``pkobatch.io/stack`` label
+(``stack_name_of``). The stores of Jobs and ConfigMaps are indexed by it, so the reconciler
+finds a Stack's own objects without scanning (``jobs.for_owner(namespace, stack_name)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pkobatch.api.constants import KIND, STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.runtime.interfaces import MapFunc, ObjectKey
+from pkobatch.runtime.store import Store
+
+JSON = dict[str, Any]
+StackKey = ObjectKey
+"""The key of a Stack: its namespace and name."""
+
+
+def stack_name_of(obj: JSON) -> str | None:
+    """The name of the Stack ``obj`` belongs to (itself, for a Stack); None when unknown."""
+    meta = obj.get("metadata") or {}
+    if obj.get("kind") == KIND and str(obj.get("apiVersion", "")).startswith("pulumi.com/"):
+        return str(meta.get("name") or "") or None
+    annotations = meta.get("annotations") or {}
+    if annotations.get(STACK_NAME_ANNOTATION):
+        return str(annotations[STACK_NAME_ANNOTATION])
+    for owner in meta.get("ownerReferences") or ():
+        if (
+            owner.get("controller")
+            and owner.get("kind") == KIND
+            and owner.get("apiVersion", "").startswith("pulumi.com/")
+        ):
+            return str(owner.get("name") or "") or None
+    label = (meta.get("labels") or {}).get(STACK_LABEL)
+    return str(label) if label else None
+
+
+class FluxSources(Protocol):
+    """The Flux sources Stacks name, from watches started on first use
+    (``pkobatch.runtime.on_demand_watches``)."""
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None: ...
+
+    def synced(self, api_version: str, kind: str) -> bool: ...
+
+
+@dataclass
+class Stores:
+    """The watched objects: Stacks, the Jobs and ConfigMaps labelled managed-by pkobatch
+    (indexed by Stack), and the Programs Stacks may name in ``spec.programRef``."""
+
+    stacks: Store
+    jobs: Store
+    configmaps: Store
+    programs: Store
+    # None: Flux sources are not watched (a reconciler built without the Manager).
+    flux_sources: FluxSources | None = None
+
+    @classmethod
+    def empty(cls) -> Stores:
+        return cls(
+            stacks=Store(),
+            jobs=Store(owner_of=stack_name_of),
+            configmaps=Store(owner_of=stack_name_of),
+            programs=Store(),
+        )
+
+
+def _namespace_and_name(obj: JSON) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def the_stack(obj: JSON) -> Iterator[StackKey]:
+    """A Stack's event wakes that Stack."""
+    yield StackKey(*_namespace_and_name(obj))
+
+
+def owning_stack(stacks: Store) -> MapFunc:
+    """A Job's or ConfigMap's event wakes the Stack it belongs to, if this controller has that
+    Stack (objects of Stacks outside its namespaces or label selector are ignored)."""
+
+    def keys(obj: JSON) -> Iterator[StackKey]:
+        stack_name = stack_name_of(obj)
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        if stack_name and stacks.get(namespace, stack_name) is not None:
+            yield StackKey(namespace, stack_name)
+
+    return keys
+
+
+def stacks_naming_program(stacks: Store) -> MapFunc:
+    """A Program's event wakes every Stack of its namespace that names it in
+    ``spec.programRef``."""
+
+    def keys(program: JSON) -> Iterator[StackKey]:
+        namespace, name = _namespace_and_name(program)
+        for stack in stacks.list_objects():
+            stack_meta = stack.get("metadata") or {}
+            reference = (stack.get("spec") or {}).get("programRef") or {}
+            if (
+                stack_meta.get("namespace") == namespace
+                and isinstance(reference, dict)
+                and reference.get("name") == name
+            ):
+                yield StackKey(namespace, str(stack_meta.get("name", "")))
+
+    return keys
+
+
+def stacks_naming_flux_source(stacks: Store) -> Callable[[str, str], MapFunc]:
+    """For a Flux kind: a source's event wakes the Stacks of its namespace whose
+    ``spec.fluxSource.sourceRef`` names it (any version of its API group)."""
+
+    def for_kind(api_version: str, kind: str) -> MapFunc:
+        group = api_version.rpartition("/")[0]
+
+        def keys(source: JSON) -> Iterator[StackKey]:
+            meta = source.get("metadata") or {}
+            namespace, name = meta.get("namespace"), meta.get("name")
+            for stack in stacks.list_objects():
+                stack_meta = stack.get("metadata") or {}
+                ref = ((stack.get("spec") or {}).get("fluxSource") or {}).get("sourceRef") or {}
+                if (
+                    stack_meta.get("namespace") == namespace
+                    and ref.get("kind") == kind
+                    and ref.get("name") == name
+                    and str(ref.get("apiVersion") or "").rpartition("/")[0] == group
+                ):
+                    yield StackKey(str(namespace), str(stack_meta.get("name")))
+
+        return keys
+
+    return for_kind
