@@ -8,13 +8,20 @@ actually gave as keyword arguments to ``load_settings``.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pkobatch.api.constants import SHARD_LABEL
 from pkobatch.api.durations import parse_duration
+
+# A shard name is part of its Lease name and of its Deployment name in deploy/
+# (pkobatch-controller-<shard>, which must stay a DNS label: at most 63 characters).
+SHARD_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")
 
 
 def _duration(value: Any) -> Any:
@@ -121,6 +128,16 @@ class Settings(BaseSettings):
     context: str = ""
     namespaces: CommaList = Field(default_factory=list, description="empty: all namespaces")
     label_selector: str = ""
+    shard: str = Field(
+        default="",
+        description="this controller's shard: it reconciles only the Stacks labelled "
+        "pkobatch.io/shard=<shard>, and takes the Lease <lease name>-<shard> (docs/sharding.md)",
+    )
+    sharded: bool = Field(
+        default=False,
+        description="part of a sharded install: without a shard, this controller reconciles "
+        "only the Stacks that have no pkobatch.io/shard label (docs/sharding.md)",
+    )
     workers: int = Field(default=4, ge=1, le=256)
     kube_qps: float = Field(
         default=100.0,
@@ -160,6 +177,41 @@ class Settings(BaseSettings):
     health_addr: str = ":8081"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_name(cls, value: str) -> str:
+        if value and not SHARD_NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a shard name: lowercase letters, digits and '-', starting "
+                "and ending with a letter or digit, at most 40 characters"
+            )
+        return value
+
+    @property
+    def shard_selector(self) -> str:
+        """The label requirement on this controller's Stacks — and on their Jobs and
+        results, which carry their Stack's shard label — ("" when not sharded)."""
+        if self.shard:
+            return f"{SHARD_LABEL}={self.shard}"
+        return f"!{SHARD_LABEL}" if self.sharded else ""
+
+    @property
+    def stack_selector(self) -> str:
+        """The label selector of the Stacks this controller reconciles."""
+        return ",".join(part for part in (self.label_selector, self.shard_selector) if part)
+
+    @property
+    def lease_name(self) -> str:
+        """One Lease per shard: shards elect their leaders independently."""
+        base = self.leader_election.lease_name
+        return f"{base}-{self.shard}" if self.shard else base
+
+    def in_shard(self, labels: Mapping[str, str]) -> bool:
+        """Does an object with ``labels`` belong to this controller's shard?"""
+        if self.shard:
+            return labels.get(SHARD_LABEL) == self.shard
+        return SHARD_LABEL not in labels if self.sharded else True
 
     @field_validator("metrics_addr", "health_addr")
     @classmethod

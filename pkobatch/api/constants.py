@@ -27,6 +27,8 @@ MANAGED_BY_VALUE: Final = "pkobatch"
 STACK_LABEL: Final = f"{PREFIX}/stack"
 OPERATION_LABEL: Final = f"{PREFIX}/operation"
 RESULT_LABEL: Final = f"{PREFIX}/result"
+# Which controller shard owns a Stack (docs/sharding.md); its Jobs and results carry it too.
+SHARD_LABEL: Final = f"{PREFIX}/shard"
 # Annotations the CLI writes to request a one-off operation (see docs/operations.md).
 OPERATION_REQUEST_ANNOTATION: Final = f"{PREFIX}/operation-request"
 ABANDON_ANNOTATION: Final = f"{PREFIX}/abandon"

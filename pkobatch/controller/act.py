@@ -29,11 +29,13 @@ from pkobatch.api.constants import (
     FIELD_MANAGER_CONTROLLER,
     FINALIZER,
     RECONCILE_REQUEST_ANNOTATION,
+    SHARD_LABEL,
 )
 from pkobatch.api.program import program_artifact
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.jobs import owned_by_job
 from pkobatch.controller.plan import Plan
+from pkobatch.controller.sharding import Relabel
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
@@ -122,6 +124,18 @@ class Actor:
             with contextlib.suppress(AlreadyExists):
                 self._kube.create(
                     SECRETS if item["kind"] == "Secret" else CONFIGMAPS, owned, namespace
+                )
+
+    def relabel(self, namespace: str, relabels: Sequence[Relabel]) -> None:
+        """Move a Stack's Jobs and results into its shard's watches (``sharding.handover``)."""
+        for item in relabels:
+            with contextlib.suppress(NotFound):
+                self._kube.merge_patch(
+                    JOBS if item.kind == "Job" else CONFIGMAPS,
+                    item.name,
+                    {"metadata": {"labels": {SHARD_LABEL: item.shard}}},
+                    namespace,
+                    field_manager=FIELD_MANAGER_CONTROLLER,
                 )
 
     def record_program_artifact(self, program: Mapping[str, Any], now: datetime) -> None:

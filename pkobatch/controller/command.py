@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
     "--namespaces", help="comma-separated namespaces to watch [env PKOBATCH_NAMESPACES; all]"
 )
 @click.option("--label-selector", help="only Stacks matching it [env PKOBATCH_LABEL_SELECTOR]")
+@click.option(
+    "--shard",
+    help="reconcile only the Stacks labelled pkobatch.io/shard=SHARD [env PKOBATCH_SHARD]",
+)
+@click.option(
+    "--sharded/--not-sharded",
+    default=None,
+    help="sharded install: without --shard, only Stacks with no pkobatch.io/shard label "
+    "[env PKOBATCH_SHARDED; off]",
+)
 @click.option("--workers", type=int, help="concurrent reconciles [env PKOBATCH_WORKERS; 4]")
 @click.option(
     "--kube-qps",
@@ -107,6 +117,7 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
         "starting controller",
         extra={
             "namespaces": settings.namespaces or "all",
+            "stackSelector": settings.stack_selector or "all",
             "workers": settings.workers,
             "leaderElection": settings.leader_election.enabled,
         },

@@ -1,8 +1,9 @@
 """The composition root of ``pkobatch controller``: wires the Stack reconciler into the
 generic runtime (``pkobatch.runtime``).
 
-``build_manager`` says what is watched (Stacks by the label selector; Jobs and ConfigMaps
-labelled managed-by pkobatch; Programs; Flux sources on first use) and which Stack each
+``build_manager`` says what is watched (Stacks by the label selector and the controller's
+shard; Jobs and ConfigMaps labelled managed-by pkobatch, of the same shard; Programs; Flux
+sources on first use) and which Stack each
 watched object wakes (``pkobatch.controller.stores``).
 """
 
@@ -60,7 +61,7 @@ def manager_options(settings: Settings) -> ManagerOptions:
         workers=settings.workers,
         leader_election=(
             LeaderElection(
-                lease_name=election.lease_name,
+                lease_name=settings.lease_name,
                 lease_namespace=election.lease_namespace,
                 lease_duration=election.lease_duration.total_seconds(),
                 renew_deadline=election.renew_deadline.total_seconds(),
@@ -102,16 +103,12 @@ def build_manager(
     stack_metrics.track_stores(stores)
     reconciler = reconciler_factory(kube, stores, settings, stack_metrics, QueueEnqueuer(queue))
     # The transforms keep only what the controller reads (``controller.cache``).
+    # A shard's Jobs and results carry its label: each controller caches only its share.
+    children = ",".join(part for part in (MANAGED_SELECTOR, settings.shard_selector) if part)
     watches = [
-        Watch(STACKS, stores.stacks, the_stack, settings.label_selector, cache_stack),
-        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), MANAGED_SELECTOR, cache_job),
-        Watch(
-            CONFIGMAPS,
-            stores.configmaps,
-            owning_stack(stores.stacks),
-            MANAGED_SELECTOR,
-            cache_result,
-        ),
+        Watch(STACKS, stores.stacks, the_stack, settings.stack_selector, cache_stack),
+        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), children, cache_job),
+        Watch(CONFIGMAPS, stores.configmaps, owning_stack(stores.stacks), children, cache_result),
         Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks)),
     ]
     return Manager(

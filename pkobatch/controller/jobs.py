@@ -70,6 +70,7 @@ from pkobatch.api.constants import (
     OPERATION_LABEL,
     PREFIX,
     RUN_ANNOTATION,
+    SHARD_LABEL,
     STACK_LABEL,
     STACK_NAME_ANNOTATION,
     Operation,
@@ -233,12 +234,19 @@ def job_name(stack_name: str, stack_uid: str, run: Run) -> str:
     return f"{prefix}{suffix}"
 
 
-def run_labels(stack_name: str, operation: str) -> dict[str, str]:
-    return {
+def run_labels(stack: Mapping[str, Any], operation: str) -> dict[str, str]:
+    """The labels of a run's Job, pod and result; the Stack's shard label, when it has one,
+    puts them in its shard's watches (docs/sharding.md)."""
+    meta = stack.get("metadata") or {}
+    labels = {
         MANAGED_BY_LABEL: MANAGED_BY_VALUE,
-        STACK_LABEL: stack_label_value(stack_name),
+        STACK_LABEL: stack_label_value(str(meta["name"])),
         OPERATION_LABEL: operation,
     }
+    shard = (meta.get("labels") or {}).get(SHARD_LABEL)
+    if shard is not None:
+        labels[SHARD_LABEL] = str(shard)
+    return labels
 
 
 @cache
@@ -644,7 +652,7 @@ def build_run(
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     name = job_name(stack_name, uid, run)
-    labels = run_labels(stack_name, run.operation)
+    labels = run_labels(stack, run.operation)
     workspace = spec.workspace_template.spec if spec.workspace_template else None
     _check_git_transport(spec, insecure_http_git_hosts)
     workspace_env = copy.deepcopy((workspace.env if workspace else None) or [])
@@ -950,6 +958,9 @@ def _apply_invariants(
     metadata["name"] = name
     metadata["namespace"] = namespace
     metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    if SHARD_LABEL not in labels:
+        # Not even spec.jobTemplate may move the run out of its Stack's shard.
+        metadata["labels"].pop(SHARD_LABEL, None)
     metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
     metadata["ownerReferences"] = [
         {
@@ -963,6 +974,8 @@ def _apply_invariants(
     ]
     pod_meta = pod_template.setdefault("metadata", {})
     pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+    if SHARD_LABEL not in labels:
+        pod_meta["labels"].pop(SHARD_LABEL, None)
     job["spec"]["backoffLimit"] = 0
     job["spec"].pop("selector", None)
     job["spec"].pop("manualSelector", None)

@@ -53,6 +53,7 @@ from pkobatch.kube.client import (
     JOBS,
     NAMESPACES,
     PODS,
+    STACKS,
     Kube,
     KubeError,
     NotFound,
@@ -167,7 +168,11 @@ class Observer:
         for item in spec.get("prerequisites") or ():
             if isinstance(item, Mapping) and item.get("name"):
                 name = str(item["name"])
-                prerequisites[name] = self._stores.stacks.get(key.namespace, name)
+                prerequisite = self._stores.stacks.get(key.namespace, name)
+                if prerequisite is None and self._settings.shard_selector:
+                    # It may belong to another shard, whose Stacks this store does not hold.
+                    prerequisite = self._get(STACKS, name, key.namespace)
+                prerequisites[name] = prerequisite
 
         return Observed(
             stack=stack,

@@ -33,9 +33,10 @@ from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_temp
 from pkobatch.controller.observe import Observer
 from pkobatch.controller.plan import Observed, Plan, plan
 from pkobatch.controller.polling import GitPoller
+from pkobatch.controller.sharding import handover
 from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import StackKey, Stores, stack_name_of
-from pkobatch.kube.client import Conflict, Kube
+from pkobatch.kube.client import STACKS, Conflict, Kube, NotFound
 from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult
 
 if TYPE_CHECKING:
@@ -46,6 +47,10 @@ JSON = dict[str, Any]
 CONFLICT_RETRY: Final = 1.0
 # A created Job counts against the cap until the store shows it (or this long has passed).
 RESERVATION_SECONDS: Final = 60.0
+
+
+class StaleStack(Exception):
+    """The store's Stack is not the latest, or no longer in this controller's shard."""
 
 
 class TemplateInvalid(Exception):
@@ -180,6 +185,7 @@ class StackReconciler:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        self._kube = kube
         self._stores = stores
         self._settings = settings
         self._metrics = metrics
@@ -249,6 +255,13 @@ class StackReconciler:
                 if isinstance(p, Mapping) and p.get("name")
             ],
         )
+        relabels = handover(observed.stack, observed.jobs, observed.results)
+        if relabels and self._settings.shard_selector:
+            try:
+                self._confirm_latest(observed.stack)
+            except StaleStack:
+                return ReconcileResult(requeue_after=CONFLICT_RETRY)
+            self._actor.relabel(key.namespace, relabels)
         source = observed.source_object
         if source is not None and source.kind == "Program" and source.obj is not None:
             self._actor.record_program_artifact(source.obj, observed.now)
@@ -265,7 +278,7 @@ class StackReconciler:
                 self._actor.create_inputs(result.inputs_job, key.namespace, result.create_inputs)
             outbox = self.notifier.add_events(observed.stack, result, observed.now)
             self._actor.apply(observed.stack, result)
-        except Conflict:
+        except (Conflict, StaleStack):
             # Status computed from a stale cache (or a concurrent edit): look again shortly.
             return ReconcileResult(requeue_after=CONFLICT_RETRY)
         # Only after the status holding them is written (never for a write that failed).
@@ -278,6 +291,12 @@ class StackReconciler:
     def _create_job(self, key: StackKey, observed: Observed, result: Plan) -> Plan:
         if result.create_job is None:
             return result
+        if self._settings.shard_selector:
+            try:
+                self._confirm_latest(observed.stack)
+            except StaleStack:
+                self.admission.forget(key)
+                raise
         try:
             self._actor.create_job(result.create_job, result.create_inputs)
         except NamespaceTerminating:
@@ -290,6 +309,22 @@ class StackReconciler:
             log.warning("job for stack %s was rejected: %s", key, exc)
             return plan(replace(observed, job_rejected=str(exc)), self._settings, self._template)
         return result
+
+    def _confirm_latest(self, stack: Mapping[str, Any]) -> None:
+        """Raise ``StaleStack`` unless ``stack`` is the latest version and still in this
+        controller's shard. Asked before the two writes a status precondition does not guard
+        (creating a Job, relabelling objects), so a controller whose watch has not yet shown a
+        Stack's move to another shard does neither (docs/sharding.md)."""
+        meta = stack.get("metadata") or {}
+        try:
+            live = self._kube.get(STACKS, str(meta.get("name")), str(meta.get("namespace")))
+        except NotFound:
+            raise StaleStack("the Stack is gone") from None
+        live_meta = live.get("metadata") or {}
+        if live_meta.get("resourceVersion") != meta.get("resourceVersion"):
+            raise StaleStack("the store's Stack is not the latest")
+        if not self._settings.in_shard(live_meta.get("labels") or {}):
+            raise StaleStack("the Stack moved to another shard")
 
     def _after_runs(self, key: StackKey, result: Plan) -> None:
         for finished in result.finished:

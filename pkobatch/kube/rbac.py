@@ -57,18 +57,22 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("source.toolkit.fluxcd.io", "buckets", "get"),
     ("source.toolkit.fluxcd.io", "buckets", "list"),
     ("source.toolkit.fluxcd.io", "buckets", "watch"),
-    # One Job per run.
+    # One Job per run. Patched: its shard label, when its Stack moves to another controller
+    # shard (docs/sharding.md).
     ("batch", "jobs", "get"),
     ("batch", "jobs", "list"),
     ("batch", "jobs", "watch"),
     ("batch", "jobs", "create"),
+    ("batch", "jobs", "patch"),
     ("batch", "jobs", "delete"),
-    # Result ConfigMaps written by the runner; deleted with history pruning. Created: the
-    # snapshot of a run too large for the Job's arguments (owned by its Job).
+    # Result ConfigMaps written by the runner; deleted with history pruning; patched: the
+    # shard label, as for Jobs. Created: the snapshot of a run too large for the Job's
+    # arguments (owned by its Job).
     ("", "configmaps", "get"),
     ("", "configmaps", "list"),
     ("", "configmaps", "watch"),
     ("", "configmaps", "create"),
+    ("", "configmaps", "patch"),
     ("", "configmaps", "delete"),
     # Pods of run Jobs: why a Job failed without a result (OOM, image pull, eviction).
     ("", "pods", "get"),

@@ -20,6 +20,7 @@ from pkobatch.api.constants import (
     OPERATION_LABEL,
     RESULT_KEY,
     RESULT_LABEL,
+    SHARD_LABEL,
     STACK_LABEL,
 )
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
@@ -27,7 +28,8 @@ from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
 # Step operations that mean "the real resource differs from the state" in a refresh.
 _NOT_DRIFT: Final = frozenset({"same", "read"})
 _PERMALINK: Final = re.compile(r"(?:View in Browser \(Ctrl\+O\)|View Live|Permalink):\s*(\S+)")
-_COPIED_JOB_LABELS: Final = (MANAGED_BY_LABEL, STACK_LABEL, OPERATION_LABEL)
+# The shard label puts the result in the watches of its Stack's controller shard.
+_COPIED_JOB_LABELS: Final = (MANAGED_BY_LABEL, STACK_LABEL, OPERATION_LABEL, SHARD_LABEL)
 
 
 def normalize_changes(changes: Mapping[Any, Any] | None) -> dict[str, int]:

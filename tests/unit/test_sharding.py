@@ -1,0 +1,142 @@
+"""Sharding's pure parts: the settings' selectors and Lease, the shard label on every run
+object, the runner's copy of it, and the handover decision (docs/sharding.md). The three
+controllers on a real control plane: tests/integration/test_controller_sharding.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pkobatch.api.constants import SHARD_LABEL
+from pkobatch.api.stack import StackSpec
+from pkobatch.config import JobSettings, Settings, SettingsInvalid, load_settings
+from pkobatch.controller.act import Actor
+from pkobatch.controller.jobs import Run, build_run, builtin_template
+from pkobatch.controller.sharding import Relabel, handover, shard_of
+from pkobatch.kube.client import CONFIGMAPS, JOBS, NotFound, Resource
+from pkobatch.runner.result import result_labels
+
+RUN = Run("up", "sync", 1, "", "abc", "after::abc")
+
+
+def test_a_shard_controller_selects_its_label_and_takes_its_own_lease() -> None:
+    settings = Settings(shard="blue", label_selector="team=a")
+    assert settings.shard_selector == f"{SHARD_LABEL}=blue"
+    assert settings.stack_selector == f"team=a,{SHARD_LABEL}=blue"
+    assert settings.lease_name == "pkobatch-controller-blue"
+    assert settings.in_shard({SHARD_LABEL: "blue"})
+    assert not settings.in_shard({SHARD_LABEL: "green"})
+    assert not settings.in_shard({})
+
+
+def test_the_unlabelled_share_of_a_sharded_install_keeps_the_default_lease() -> None:
+    settings = Settings(sharded=True)
+    assert settings.shard_selector == f"!{SHARD_LABEL}"
+    assert settings.stack_selector == f"!{SHARD_LABEL}"
+    assert settings.lease_name == "pkobatch-controller"
+    assert settings.in_shard({})
+    assert not settings.in_shard({SHARD_LABEL: "blue"})
+
+
+def test_an_unsharded_controller_takes_every_stack() -> None:
+    settings = Settings()
+    assert settings.shard_selector == settings.stack_selector == ""
+    assert settings.in_shard({}) and settings.in_shard({SHARD_LABEL: "blue"})
+
+
+@pytest.mark.parametrize("name", ["Blue", "blue_1", "-blue", "b" * 41, "blue.eu"])
+def test_a_shard_name_that_cannot_name_a_lease_is_refused_with_the_rule(name: str) -> None:
+    with pytest.raises(SettingsInvalid) as error:
+        load_settings(shard=name)
+    assert "PKOBATCH_SHARD:" in str(error.value)
+    assert "lowercase letters, digits and '-'" in str(error.value)
+
+
+def test_the_shard_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PKOBATCH_SHARD", "eu-1")
+    assert load_settings().stack_selector == f"{SHARD_LABEL}=eu-1"
+
+
+def stack(labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "app", "namespace": "team", "uid": "u1", "generation": 1}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"metadata": meta, "spec": {}}
+
+
+def labels_of(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj["metadata"].get("labels") or {})
+
+
+def test_a_run_of_a_sharded_stack_carries_its_shard_label() -> None:
+    built = build_run(
+        stack({SHARD_LABEL: "blue", "other": "x"}),
+        StackSpec.model_validate({"stack": "dev"}),
+        RUN,
+        JobSettings(),
+        builtin_template(),
+    )
+    assert labels_of(built.job)[SHARD_LABEL] == "blue"
+    assert "other" not in labels_of(built.job)  # only the shard label follows the Stack
+    assert built.job["spec"]["template"]["metadata"]["labels"][SHARD_LABEL] == "blue"
+
+
+def test_a_job_template_cannot_move_a_run_into_another_shard() -> None:
+    spec = {"stack": "dev", "jobTemplate": {"metadata": {"labels": {SHARD_LABEL: "green"}}}}
+    for owner, expected in ((stack(), None), (stack({SHARD_LABEL: "blue"}), "blue")):
+        job = build_run(
+            owner, StackSpec.model_validate(spec), RUN, JobSettings(), builtin_template()
+        ).job
+        assert labels_of(job).get(SHARD_LABEL) == expected
+        assert job["spec"]["template"]["metadata"]["labels"].get(SHARD_LABEL) == expected
+
+
+def test_the_result_copies_the_jobs_shard_label() -> None:
+    assert result_labels({SHARD_LABEL: "blue"}, "app", "up")[SHARD_LABEL] == "blue"
+    assert SHARD_LABEL not in result_labels({}, "app", "up")
+
+
+def obj(name: str, shard: str | None) -> dict[str, Any]:
+    labels = {SHARD_LABEL: shard} if shard is not None else {}
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_handover_relabels_the_jobs_and_results_labelled_for_another_shard() -> None:
+    jobs = [obj("old-run", "blue"), obj("mine", "green")]
+    results = {"old-run": obj("old-run", "blue"), "mine": obj("mine", "green")}
+    assert handover(stack({SHARD_LABEL: "green"}), jobs, results) == [
+        Relabel("Job", "old-run", "green"),
+        Relabel("ConfigMap", "old-run", "green"),
+    ]
+    # Into the unlabelled share: the label goes.
+    assert handover(stack(), [obj("mine", None)], {"mine": obj("mine", "blue")}) == [
+        Relabel("ConfigMap", "mine", None)
+    ]
+    assert handover(stack({SHARD_LABEL: "green"}), jobs[1:], results) == []
+    assert shard_of(stack()) is None
+
+
+class PatchRecorder:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, Any]] = []
+
+    def merge_patch(
+        self, resource: Resource, name: str, body: Any, namespace: str, **_: Any
+    ) -> dict[str, Any]:
+        self.patches.append((resource.plural, name, body))
+        if name == "gone":
+            raise NotFound(404, "NotFound", "gone")
+        return {}
+
+
+def test_the_actor_patches_only_the_shard_label_and_skips_vanished_objects() -> None:
+    kube = PatchRecorder()
+    Actor(kube, events=None).relabel(  # type: ignore[arg-type]
+        "team",
+        [Relabel("Job", "gone", "green"), Relabel("ConfigMap", "run", None)],
+    )
+    assert kube.patches == [
+        (JOBS.plural, "gone", {"metadata": {"labels": {SHARD_LABEL: "green"}}}),
+        (CONFIGMAPS.plural, "run", {"metadata": {"labels": {SHARD_LABEL: None}}}),
+    ]
