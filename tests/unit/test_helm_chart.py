@@ -166,6 +166,7 @@ def differing_fields(left: Obj, right: Obj) -> list[tuple[str, Any, Any]]:
         ("overlays/dev", ["dev"], SYSTEM_NAMESPACE, True),
         ("overlays/prod", ["prod"], SYSTEM_NAMESPACE, True),
         ("overlays/namespaced", ["namespaced"], NAMESPACED_DEFAULT, False),
+        ("overlays/sharded", ["sharded"], SYSTEM_NAMESPACE, True),
     ],
 )
 def test_chart_renders_what_kustomize_renders(
@@ -340,6 +341,8 @@ def test_namespaced_scope_grants_roles_in_every_watched_namespace(helm_bin: Path
             ["rbac.scope=namespace", "runner.namespaces={elsewhere}"],
             "elsewhere is not watched",
         ),
+        (["sharding.shards={Blue}"], '"Blue" is not a shard name'),
+        (["sharding.shards={blue,blue}"], "blue is listed twice"),
     ],
 )
 def test_values_that_cannot_work_are_refused_with_a_reason(

@@ -221,16 +221,30 @@ def test_probes_and_metrics_use_the_ports_the_controller_listens_on(
 
 def settings_from(objects: Iterable[Obj], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings the controller would load from the Deployment's environment."""
-    objects = list(objects)
-    namespace = only(objects, "Deployment")["metadata"]["namespace"]
+    return deployment_settings(only(objects, "Deployment", "pkobatch-controller"), monkeypatch)
+
+
+def deployment_settings(deployment: Obj, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings the controller of ``deployment`` would load from its pods' environment (the
+    downward API's values: the pod's namespace, its labels; a missing label is empty)."""
+    namespace = deployment["metadata"]["namespace"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     for name in [name for name in os.environ if name.startswith("PKOBATCH_")]:
         monkeypatch.delenv(name)
-    for name, entry in env_of(objects).items():
+    container = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "controller"
+    )
+    for entry in container["env"]:
         if "value" in entry:
-            monkeypatch.setenv(name, entry["value"])
+            monkeypatch.setenv(entry["name"], entry["value"])
+            continue
+        path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+        if path == "metadata.namespace":
+            monkeypatch.setenv(entry["name"], namespace)
         else:
-            assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-            monkeypatch.setenv(name, namespace)
+            label = path.removeprefix("metadata.labels['").removesuffix("']")
+            assert path == f"metadata.labels['{label}']", path
+            monkeypatch.setenv(entry["name"], pod_labels.get(label, ""))
     return load_settings()
 
 
@@ -288,6 +302,65 @@ def test_prod_runs_two_replicas_with_leader_election_and_a_budget(
 def test_namespaced_controller_watches_its_own_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_from(rendered("overlays/namespaced"), monkeypatch)
     assert settings.namespaces == [NAMESPACED_DEFAULT]
+
+
+def deployments(objects: Iterable[Obj]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+
+
+def test_sharded_install_runs_one_controller_per_shard_on_its_own_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = rendered("overlays/sharded")
+    controllers = deployments(objects)
+    chosen = {
+        name: (settings.stack_selector, settings.lease_name)
+        for name, deployment in controllers.items()
+        for settings in [deployment_settings(deployment, monkeypatch)]
+    }
+    assert chosen == {
+        "pkobatch-controller": ("!pkobatch.io/shard", "pkobatch-controller"),
+        "pkobatch-controller-blue": ("pkobatch.io/shard=blue", "pkobatch-controller-blue"),
+        "pkobatch-controller-green": ("pkobatch.io/shard=green", "pkobatch-controller-green"),
+    }
+    service = only(objects, "Service")
+    for name, deployment in controllers.items():
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(service["spec"]["selector"], pod_labels), name
+        # Each Deployment's selector matches its own pods only.
+        for other, owner in controllers.items():
+            matches = selects(owner["spec"]["selector"]["matchLabels"], pod_labels)
+            assert matches == (other == name), (other, name)
+
+
+def test_a_shard_runs_the_main_controllers_pod_with_only_its_shard_settings_added() -> None:
+    controllers = deployments(rendered("overlays/sharded"))
+
+    def pod_without_sharding(deployment: Obj) -> Obj:
+        pod = yaml.safe_load(yaml.safe_dump(deployment["spec"]["template"]["spec"]))
+        for container in pod["containers"]:
+            container["env"] = [
+                e
+                for e in container["env"]
+                if e["name"] not in ("PKOBATCH_SHARD", "PKOBATCH_SHARDED")
+            ]
+        return pod
+
+    main = pod_without_sharding(controllers["pkobatch-controller"])
+    for name in ("pkobatch-controller-blue", "pkobatch-controller-green"):
+        assert pod_without_sharding(controllers[name]) == main, name
+
+
+def test_a_shard_built_without_its_name_label_serves_only_unlabelled_stacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forgetting the label must not make an unsharded controller that takes every Stack:
+    it becomes a standby of the main controller (same selector, same Lease)."""
+    settings = deployment_settings(only(rendered("shard"), "Deployment"), monkeypatch)
+    assert (settings.stack_selector, settings.lease_name) == (
+        "!pkobatch.io/shard",
+        "pkobatch-controller",
+    )
 
 
 # --- RBAC against pkobatch/kube/rbac.py --------------------------------------------------

@@ -10,12 +10,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
 {{/*
-The controller pods' labels, which every selector uses. Not app.kubernetes.io/managed-by:
+The labels of a controller Deployment's pods, which its selector uses; the context is the
+shard's name ("" for the main controller). A shard's pods are component controller-shard,
+so no selector of the main controller matches them. Not app.kubernetes.io/managed-by:
 pkobatch, which marks run Jobs and pods.
 */}}
-{{- define "pkobatch.selectorLabels" -}}
+{{- define "pkobatch.controllerLabels" -}}
 app.kubernetes.io/name: pkobatch
+{{- if . }}
+app.kubernetes.io/component: controller-shard
+pkobatch.io/controller-shard: {{ . }}
+{{- else }}
 app.kubernetes.io/component: controller
+{{- end }}
 {{- end }}
 
 {{- define "pkobatch.image" -}}
