@@ -45,7 +45,7 @@ from pkobatch.kube.client import (
     Resource,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 JSON = dict[str, Any]
 GATED_RUN = REPO / "tests" / "gated_run.py"
 BASE = REPO / "deploy" / "kustomize" / "base"
