@@ -1,5 +1,6 @@
-"""Sharding's pure parts: the settings' selectors and Lease, the shard label on every run
-object, the runner's copy of it, and the handover decision (docs/sharding.md). The three
+"""Sharding's parts (docs/sharding.md): the settings' selectors and Lease, the shard label on
+every run object, the runner's copy of it, the handover decision, and the reconciler standing
+down on a Stack its cache has not caught up with (API calls answered by a stand-in). The three
 controllers on a real control plane: tests/integration/test_controller_sharding.py."""
 
 from __future__ import annotations
@@ -7,13 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from pkobatch.api.constants import SHARD_LABEL
+from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION, SHARD_LABEL, STACK_LABEL
 from pkobatch.api.stack import StackSpec
 from pkobatch.config import JobSettings, Settings, SettingsInvalid, load_settings
 from pkobatch.controller.act import Actor
 from pkobatch.controller.jobs import Run, build_run, builtin_template
+from pkobatch.controller.reconcile import CONFLICT_RETRY, StackReconciler
 from pkobatch.controller.sharding import Relabel, handover, shard_of
+from pkobatch.controller.stack_metrics import StackMetrics
+from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.kube.client import CONFIGMAPS, JOBS, NotFound, Resource
 from pkobatch.runner.result import result_labels
 
@@ -140,3 +145,113 @@ def test_the_actor_patches_only_the_shard_label_and_skips_vanished_objects() -> 
         (JOBS.plural, "gone", {"metadata": {"labels": {SHARD_LABEL: "green"}}}),
         (CONFIGMAPS.plural, "run", {"metadata": {"labels": {SHARD_LABEL: None}}}),
     ]
+
+
+class Cluster:
+    """The API calls a reconcile makes, answered from ``live`` (the Stack as the API server
+    has it): Jobs are created, patches recorded."""
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        self.live = live
+        self.stack_reads = 0
+        self.created: list[str] = []
+        self.patched: list[tuple[str, str]] = []
+
+    def get(self, resource: Resource, name: str, namespace: str | None = None) -> Any:
+        if resource.plural == "stacks":
+            self.stack_reads += 1
+            return self.live
+        raise NotFound(404, "NotFound", name)
+
+    def create(self, resource: Resource, body: Any, namespace: str | None = None, **_: Any) -> Any:
+        self.created.append(f"{resource.kind}/{body['metadata']['name']}")
+        return {**body, "metadata": {**body["metadata"], "uid": "created-uid"}}
+
+    def merge_patch(self, resource: Resource, name: str, body: Any, *_: Any, **__: Any) -> Any:
+        self.patched.append((resource.kind, name))
+        return {"metadata": {"resourceVersion": "99"}}
+
+    def list_objects(self, *_: Any, **__: Any) -> tuple[list[Any], str]:
+        return [], "1"
+
+    def jobs(self) -> list[str]:
+        return [name for name in self.created if name.startswith("Job/")]
+
+
+def cached_stack(shard: str | None, resource_version: str = "5") -> dict[str, Any]:
+    cached = stack({SHARD_LABEL: shard} if shard else {})
+    cached.update(apiVersion="pulumi.com/v1", kind="Stack")
+    cached["metadata"].update(resourceVersion=resource_version, finalizers=[FINALIZER])
+    # A pinned commit: the run needs no branch polling.
+    cached["spec"] = {"stack": "dev", "projectRepo": "https://example.com/app.git", "commit": "a1"}
+    return cached
+
+
+def reconcile_once(settings: Settings, cached: dict[str, Any], cluster: Cluster, *jobs: Any) -> Any:
+    stores = Stores.empty()
+    stores.stacks.upsert(cached)
+    for job in jobs:
+        stores.jobs.upsert(job)
+    reconciler = StackReconciler(
+        cluster,  # type: ignore[arg-type]
+        stores,
+        settings,
+        StackMetrics(CollectorRegistry()),
+        Enqueuer(),
+    )
+    return reconciler.reconcile(StackKey("team", "app"))
+
+
+class Enqueuer:
+    def enqueue(self, key: StackKey, after: float | None = None) -> None:
+        pass
+
+
+def test_a_shard_creates_a_job_only_from_the_latest_version_of_a_stack_still_in_its_shard() -> None:
+    blue = Settings(shard="blue")
+    fresh = Cluster(cached_stack("blue"))
+    reconcile_once(blue, cached_stack("blue"), fresh)
+    assert len(fresh.jobs()) == 1
+
+    # The store lags: the Stack changed (e.g. it was relabelled) since this version.
+    newer = Cluster(cached_stack("green", resource_version="6"))
+    assert reconcile_once(blue, cached_stack("blue"), newer).requeue_after == CONFLICT_RETRY
+    assert newer.created == [] and newer.patched == []
+
+    # Unsharded: the status precondition and Job names suffice, no extra read.
+    unsharded = Cluster(cached_stack("blue"))
+    reconcile_once(Settings(), cached_stack("blue"), unsharded)
+    assert unsharded.stack_reads == 0 and len(unsharded.jobs()) == 1
+
+
+def running_job(shard: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "app-up-1",
+            "namespace": "team",
+            "labels": {SHARD_LABEL: shard, STACK_LABEL: "app"},
+            "annotations": {JOB_STACK_UID_ANNOTATION: "u1"},
+            "ownerReferences": [
+                {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u1"}
+            ],
+        },
+        "status": {"active": 1},
+    }
+
+
+def test_the_new_owner_relabels_the_running_job_unless_its_cache_is_stale() -> None:
+    green = Settings(shard="green")
+    moved = cached_stack("green")
+    moved["status"] = {"currentUpdate": {"name": "app-up-1"}}
+    cluster = Cluster(moved)
+    reconcile_once(green, moved, cluster, running_job("blue"))
+    assert ("Job", "app-up-1") in cluster.patched
+    assert cluster.jobs() == []  # the run in progress is the Stack's run
+
+    stale = Cluster(cached_stack("blue", resource_version="6"))
+    assert reconcile_once(green, moved, stale, running_job("blue")).requeue_after == (
+        CONFLICT_RETRY
+    )
+    assert stale.patched == [] and stale.created == []
