@@ -134,6 +134,11 @@ class Delivery:
     durable: bool
 
     @property
+    def target(self) -> tuple[str, str]:
+        """The receiver's Secret: deliveries to one target go one at a time."""
+        return str(self.stack["metadata"]["namespace"]), self.receiver.secret
+
+    @property
     def key(self) -> tuple[str, str, str]:
         uid = str((self.stack.get("metadata") or {}).get("uid") or "")
         return uid, self.event_id, self.receiver.name
@@ -204,7 +209,7 @@ class Notifier:
         self._remembered: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         # (uid, event id) -> receivers not done yet, for the status write after each.
         self._remaining: dict[tuple[str, str], set[str]] = {}
-        self._in_flight = 0
+        self._busy: set[tuple[str, str]] = set()
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self.metrics = NotificationMetrics(registry, self.depth)
@@ -246,7 +251,7 @@ class Notifier:
 
     def depth(self) -> int:
         with self._cond:
-            return len(self._heap) + self._in_flight
+            return len(self._heap) + len(self._busy)
 
     # -- what the reconcile calls ----------------------------------------------------------
 
@@ -315,6 +320,18 @@ class Notifier:
         while len(self._remembered) > REMEMBERED:
             self._remembered.popitem(last=False)
 
+    def _next_due(self, now: float) -> _Queued | None:
+        """The earliest due delivery to a receiver no other sender is talking to (so a
+        receiver that hangs holds one sender, not all of them); called with the lock."""
+        ready = [q for q in self._heap if q.due <= now and q.delivery.target not in self._busy]
+        if not ready:
+            return None
+        item = min(ready)
+        self._heap.remove(item)
+        heapq.heapify(self._heap)
+        self._busy.add(item.delivery.target)
+        return item
+
     def _send_loop(self) -> None:
         while True:
             with self._cond:
@@ -322,18 +339,19 @@ class Notifier:
                     if self._stopped:
                         return
                     now = self._clock()
-                    if self._heap and self._heap[0].due <= now:
-                        item = heapq.heappop(self._heap)
-                        self._in_flight += 1
+                    item = self._next_due(now)
+                    if item is not None:
                         break
-                    self._cond.wait(self._heap[0].due - now if self._heap else None)
+                    future = [q.due - now for q in self._heap if q.due > now]
+                    self._cond.wait(min(future) if future else None)
             try:
                 self._attempt(item)
             except Exception:
                 log.exception("notification %s: unexpected error", item.delivery.event_id)
             finally:
                 with self._cond:
-                    self._in_flight -= 1
+                    self._busy.discard(item.delivery.target)
+                    self._cond.notify_all()
 
     def _attempt(self, item: _Queued) -> None:
         delivery = item.delivery

@@ -6,9 +6,10 @@ The I/O shell is ``pkobatch.controller.delivery``; docs/notifications.md is the 
 after one reconcile and names what happened: a run failed, a run succeeded after a failure
 (``run-recovered``), a destroy succeeded, the ``Drifted`` condition became True, the
 ``Stalled`` condition became True (or changed its reason; never for ``Suspended``, a hold
-the user asked for). Each occurrence has an id derived from what it is about — the run's
-Job name, or the condition's reason and transition time — so deciding the same transition
-again (a reconcile retried after a conflict) gives the same id.
+the user asked for), a saved plan awaits approval (``status.approval.state`` ``Pending``).
+Each occurrence has an id derived from what it is about — the run's Job name, the
+condition's reason and transition time, the plan id — so deciding the same transition again
+(a reconcile retried after a conflict) gives the same id.
 
 **Durability is an outbox in the status.** ``with_pending`` adds the occurrences, with the
 receivers that must get them, to ``status.notifications.pending`` in the same status write
@@ -184,9 +185,31 @@ def _stall_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
     ]
 
 
-# Each detector names the events of one kind in a status change. The approval of saved plans
-# (its "approval pending" state) adds its own detector here.
-DETECTORS: Final = (_run_events, _drift_events, _stall_events)
+def _approval_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
+    """``status.approval`` (spec.approval, the approval of saved plans) turned ``Pending``
+    for a plan: once per plan id."""
+    before = old.get("approval") or {}
+    after = new.get("approval") or {}
+    plan = str(after.get("planID") or "")
+    if after.get("state") != "Pending" or not plan:
+        return []
+    if before.get("state") == "Pending" and before.get("planID") == plan:
+        return []
+    summary = str(after.get("summary") or "")
+    return [
+        Occurrence(
+            f"approval-pending/{plan}",
+            "approval-pending",
+            str(after.get("createdTime") or now),
+            f"plan {plan} awaits approval" + (f": {summary}" if summary else ""),
+            str(after.get("previewJob") or ""),
+            "preview" if after.get("previewJob") else "",
+        )
+    ]
+
+
+# Each detector names the events of one kind in a status change.
+DETECTORS: Final = (_run_events, _drift_events, _stall_events, _approval_events)
 
 
 def occurrences(

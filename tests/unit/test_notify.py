@@ -123,6 +123,33 @@ def test_stalled_once_per_episode_and_reason_but_never_for_suspend() -> None:
     assert kinds({}, suspended) == []
 
 
+def test_a_plan_awaiting_approval_is_announced_once_per_plan() -> None:
+    def approval(state: str, plan: str) -> dict[str, Any]:
+        return {
+            "approval": {
+                "state": state,
+                "planID": plan,
+                "summary": "2 to create",
+                "previewJob": f"web-preview-{plan}",
+                "createdTime": "2026-11-30T11:50:00Z",
+            }
+        }
+
+    assert kinds({}, approval("Previewing", "")) == []
+    assert kinds(approval("Previewing", ""), approval("Pending", "p1")) == [
+        ("approval-pending", "approval-pending/p1")
+    ]
+    (found,) = occurrences({}, approval("Pending", "p1"), NOW)
+    assert found.summary == "plan p1 awaits approval: 2 to create"
+    assert (found.run, found.time) == ("web-preview-p1", "2026-11-30T11:50:00Z")
+    assert kinds(approval("Pending", "p1"), approval("Pending", "p1")) == []
+    # A newer change supersedes the plan: the new one is announced too.
+    assert kinds(approval("Pending", "p1"), approval("Pending", "p2")) == [
+        ("approval-pending", "approval-pending/p2")
+    ]
+    assert kinds(approval("Pending", "p1"), approval("Approved", "p1")) == []
+
+
 def test_one_change_can_be_several_events() -> None:
     old = last("web-up-1", "failed")
     new = {
