@@ -22,6 +22,7 @@ Secrets of the e2e ``secrets`` fixture), ``wait_stack(..., predicate)``, ``ready
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -44,6 +45,7 @@ from pkobatch.kube.client import (
     JOBS,
     NAMESPACES,
     ROLEBINDINGS,
+    SECRETS,
     SERVICEACCOUNTS,
     STACKS,
     Kube,
@@ -303,6 +305,20 @@ def stack_spec(repo: Any, pulumi_env: Any, **extra: Any) -> JSON:
         },
         **extra,
     }
+
+
+def create_secret(kube: Kube, namespace: str, name: str, data: Mapping[str, str]) -> None:
+    """An Opaque Secret with ``data`` (plain strings, encoded here)."""
+    kube.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        },
+        namespace,
+    )
 
 
 def stack_jobs(kube: Kube, namespace: str, name: str) -> list[JSON]:

@@ -13,7 +13,6 @@ runner and Pulumi CLI.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from controller_harness import (
     apply_stack,
     bind_runner,
     condition,
+    create_secret,
     last_update,
     literal,
     ready,
@@ -49,19 +49,6 @@ from pkobatch.kube.client import (
 )
 
 JSON = dict[str, Any]
-
-
-def create_secret(kube: Kube, namespace: str, name: str, data: dict[str, str]) -> None:
-    kube.create(
-        SECRETS,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        },
-        namespace,
-    )
 
 
 def github_app_auth(secret: str) -> JSON:

@@ -3,15 +3,15 @@ HTTP receivers on loopback (docs/notifications.md).
 
 One Stack's receiver gets exactly one signed message per event — run failed, stalled,
 recovered, drift detected, destroyed — including an event that was pending (its receiver
-answering 503) when the controller was SIGKILLed. A second Stack's receivers are down: one
-refuses connections, one accepts and never answers; neither delays the first Stack's
-messages, and the refused one is given up with a ``NotificationFailed`` Event. The receivers'
+holding the request unanswered) when the controller was SIGKILLed. A second Stack uses the
+namespace default: a Slack receiver that gets its stall, and two that are down, one refusing
+connections, one accepting and never answering; neither delays the first Stack's messages,
+and the refused one is given up with a ``NotificationFailed`` Event. The receivers'
 URLs and the signing key are sentinels: they appear in no body, status, Event or log.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import hmac
@@ -30,6 +30,7 @@ from controller_harness import (
     apply_stack,
     bind_runner,
     condition,
+    create_secret,
     free_port,
     ready,
     stack_spec,
@@ -38,7 +39,7 @@ from controller_harness import (
 from sentinels import plant
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import EVENTS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import CONFIGMAPS, EVENTS, STACKS, Kube
 
 pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
@@ -145,11 +146,18 @@ def _open(conn: socket.socket) -> bool:
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[Receiver, int]]:
-    state = Receiver()
-    server = serve(state)
-    yield state, int(server.server_address[1])
-    server.shutdown()
+def receivers_on_loopback() -> Iterator[Callable[[], tuple[Receiver, int]]]:
+    """``start()`` -> (receiver, port): a recording webhook receiver, shut down after the test."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start() -> tuple[Receiver, int]:
+        state = Receiver()
+        servers.append(serve(state))
+        return state, int(servers[-1].server_address[1])
+
+    yield start
+    for server in servers:
+        server.shutdown()
 
 
 @pytest.fixture
@@ -160,17 +168,7 @@ def hanging() -> Iterator[HangingServer]:
 
 
 def hook_secret(kube: Kube, namespace: str, name: str, url: str, key: str = "") -> None:
-    data = {"url": url, **({"signingKey": key} if key else {})}
-    kube.create(
-        SECRETS,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        },
-        namespace,
-    )
+    create_secret(kube, namespace, name, {"url": url, **({"signingKey": key} if key else {})})
 
 
 def receivers(*names: str) -> JSON:
@@ -200,17 +198,44 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
     git_repo: Callable[..., Any],
     pulumi_env: Any,
     secrets: JSON,
-    receiver: tuple[Receiver, int],
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
     hanging: HangingServer,
 ) -> None:
     bind_runner(kube, namespace)
-    inbox, port = receiver
+    inbox, port = receivers_on_loopback()
+    slack, slack_port = receivers_on_loopback()
     signing_key = plant("notify-signing-key")
     ops_url = f"http://127.0.0.1:{port}/hook?t={plant('notify-url')}"
     hook_secret(kube, namespace, "ops-hook", ops_url, signing_key)
     refused_url = f"http://127.0.0.1:{free_port()}/x?t={plant('notify-refused-url')}"
     hook_secret(kube, namespace, "refused-hook", refused_url)
     hook_secret(kube, namespace, "hanging-hook", f"http://127.0.0.1:{hanging.port}/x")
+    hook_secret(kube, namespace, "chat-hook", f"http://127.0.0.1:{slack_port}/services/T/B")
+    # The namespace default: for every Stack without spec.notifications.
+    default = {
+        "receivers": [
+            *receivers("refused", "hanging")["receivers"],
+            {
+                "name": "chat",
+                "type": "slack",
+                "secretRef": {"name": "chat-hook"},
+                "events": ["stalled"],
+            },
+        ]
+    }
+    kube.create(
+        CONFIGMAPS,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "notifications",
+                "labels": {"pkobatch.io/notifications": "default"},
+            },
+            "data": {"notifications.yaml": json.dumps(default)},
+        },
+        namespace,
+    )
     settings = {
         "PKOBATCH_RETRY__MAX_FAILURES": "1",
         "PKOBATCH_NOTIFICATIONS__BACKOFF_BASE": "1s",
@@ -223,14 +248,9 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
     controller.start()
     try:
         broken = git_repo("syntax-error")
-        # A Stack whose receivers are down (one refuses, one hangs) fails like any other...
-        other = receivers("refused", "hanging")
-        apply_stack(
-            kube,
-            namespace,
-            "other",
-            stack_spec(broken, pulumi_env, stack="other", notifications=other),
-        )
+        # A Stack whose receivers (the namespace default) are down, one refusing, one
+        # hanging, fails like any other...
+        apply_stack(kube, namespace, "other", stack_spec(broken, pulumi_env, stack="other"))
         wait_until(lambda: hanging.open_requests() == 1, timeout=600, what="a hanging delivery")
 
         # ... and while its delivery hangs, every event of "app" reaches "ops".
@@ -267,7 +287,12 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
         )
         assert controller.metric("pkobatch_notifications_retried_total") >= 2
         assert controller.metric("pkobatch_notifications_failed_total", event="run-failed") >= 1
-        assert controller.metric("pkobatch_notifications_sent_total", event="stalled") >= 1
+        assert controller.metric("pkobatch_notifications_sent_total", event="stalled") >= 2
+        # The default's Slack receiver got "other"'s stall; "app" has its own list.
+        wait_until(lambda: len(slack.accepted()) == 1, timeout=120, what="the Slack message")
+        (text,) = [m["text"] for m in slack.accepted()]
+        assert text.startswith(f"[stalled] Stack {namespace}/other: stalled (UpdateFailed)")
+        assert text.endswith(f"Details: `pkobatch describe -n {namespace} other`")
 
         # The fix succeeds while "ops" holds its requests unanswered: the recovery is
         # pending in the status when the controller is SIGKILLed, and sent once after.
@@ -332,6 +357,9 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
         assert hanging.open_requests() == 1
     finally:
         controller.stop()
+
+    assert len(slack.accepted()) == 1
+    assert all("X-Pkobatch-Signature" not in r.headers for r in slack.requests())
 
     messages = [m for m in inbox.accepted() if m["stack"]["name"] == "app"]
     ids = [m["id"] for m in messages]
