@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
 from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
+from pkobatch.api.status import last_drift_check, last_update
 from pkobatch.api.timestamps import format_time
 
 JSON = dict[str, Any]
@@ -95,8 +96,7 @@ def _condition(status: Mapping[str, Any], condition_type: str) -> Mapping[str, A
 
 
 def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
-    before = old.get("lastUpdate") or {}
-    after = new.get("lastUpdate") or {}
+    before, after = last_update(old), last_update(new)
     name = str(after.get("name") or "")
     if not name or (before.get("name"), before.get("state")) == (name, after.get("state")):
         return []
@@ -148,7 +148,7 @@ def _drift_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
     after = _condition(new, CONDITION_DRIFTED)
     if after.get("status") != "True" or before.get("status") == "True":
         return []
-    check = new.get("lastDriftCheck") or {}
+    check = last_drift_check(new)
     name = str(check.get("name") or "")
     time = str(check.get("time") or after.get("lastTransitionTime") or now)
     return [
@@ -172,7 +172,7 @@ def _stall_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
     if before.get("status") == "True" and before.get("reason") == reason:
         return []
     since = str(after.get("lastTransitionTime") or now)
-    last = new.get("lastUpdate") or {}
+    last = last_update(new)
     return [
         Occurrence(
             f"stalled/{reason}/{since}",
