@@ -18,8 +18,8 @@ import click
 from pkobatch.config import SettingsInvalid, load_settings
 from pkobatch.kube.client import Kube, KubeError
 from pkobatch.kube.ratelimit import TokenBucket
-from pkobatch.runtime.logs import setup_logging
 from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.structured_logging import setup_logging
 
 log = logging.getLogger(__name__)
 

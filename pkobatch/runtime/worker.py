@@ -19,8 +19,8 @@ import time
 
 from pkobatch.kube.client import KubeError
 from pkobatch.runtime.interfaces import ObjectKey, Reconciler, TerminalError
-from pkobatch.runtime.logs import reconcile_context
 from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.structured_logging import reconcile_context
 from pkobatch.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)

@@ -128,7 +128,7 @@ CONTROLLER = textwrap.dedent(
     from pkobatch.kube.client import Kube
     from pkobatch.controller.composition import CONTROLLER_NAME, build_manager
     from pkobatch.runtime.interfaces import ReconcileResult
-    from pkobatch.runtime.logs import setup_logging
+    from pkobatch.runtime.structured_logging import setup_logging
     from pkobatch.runtime.metrics import Metrics
     import signal
 

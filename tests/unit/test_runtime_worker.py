@@ -8,8 +8,8 @@ import logging
 
 from pkobatch.kube.client import Conflict
 from pkobatch.runtime.interfaces import ObjectKey, ReconcileResult, TerminalError
-from pkobatch.runtime.logs import setup_logging
 from pkobatch.runtime.metrics import Metrics
+from pkobatch.runtime.structured_logging import setup_logging
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import ExponentialBackoff, WorkQueue
 
