@@ -59,7 +59,7 @@ from pkobatch.cli.views import (
     upcoming_runs,
 )
 from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, Gone
-from pkobatch.kube.logs import ApiPodLogs, LogsUnavailable
+from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
 JSON = dict[str, Any]
 NAME = click.argument("name", shell_complete=complete_stack_names)

@@ -3,7 +3,7 @@
 The wait polls the one Stack (a GET a second is cheap and, unlike a watch, cannot stall
 silently) and hands it to a pure ``step`` function (``requests.operation_progress`` or
 ``reconcile_progress``). Once the run's Job is known, a thread follows its pod's output
-through ``pkobatch.kube.logs`` and prints it to stderr; the data the command prints at the
+through ``pkobatch.kube.pod_logs`` and prints it to stderr; the data the command prints at the
 end goes to stdout.
 """
 
@@ -20,7 +20,7 @@ from pkobatch.cli.fetch import get_stack_in, run_pods
 from pkobatch.cli.requests import Progress
 from pkobatch.cli.session import CommandFailed, Session
 from pkobatch.kube.client import KubeError
-from pkobatch.kube.logs import ApiPodLogs, LogsUnavailable
+from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
 JSON = dict[str, Any]
 POLL_INTERVAL: Final = 1.0

@@ -13,7 +13,7 @@ controller's pods as local processes, with ``crds/`` installed.
     cluster.state_dir       Path   control-plane state (pki/, control-plane/*.log, pods/)
     cluster.log_dir         Path   pod output: <log_dir>/<namespace>/<pod>.log
     cluster.pod_logs        ApiPodLogs: pods/log through the API server, which the node
-                                   agent serves as a kubelet does (pkobatch.kube.logs)
+                                   agent serves as a kubelet does (pkobatch.kube.pod_logs)
     cluster.tools           Tools  bin dirs: tools.bin_dir("etcd"|"kubernetes"|"pulumi");
                                    ``tools.pulumi`` (``.yaml``, ``.kubernetes_provider``) is
                                    None when not built; the node agent's pods get
@@ -66,7 +66,7 @@ from pkobatch.dev.environment import dev_environment
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import Tools, available_tools
 from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
-from pkobatch.kube.logs import ApiPodLogs
+from pkobatch.kube.pod_logs import ApiPodLogs
 
 RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
 # The image PKO's examples run: the Pulumi CLI and language hosts, no pkobatch.
