@@ -31,8 +31,8 @@ from pkobatch.runner.embedded import (
 )
 from pkobatch.runner.execute import execute, runner_only_env_names
 from pkobatch.runner.job import EXIT_FAILED, EXIT_SUCCEEDED
-from pkobatch.runner.log import RunLog
 from pkobatch.runner.redact import Redactor
+from pkobatch.runner.run_log import RunLog
 
 _STATE_STYLE = {"succeeded": "green", "failed": "red"}
 

@@ -55,7 +55,6 @@ from pkobatch.runner.exports import (
     plan_export,
 )
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
-from pkobatch.runner.log import RunLog, scrubbed_output
 from pkobatch.runner.plans import (
     PlanStore,
     load_plan,
@@ -66,6 +65,7 @@ from pkobatch.runner.plans import (
 from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
 from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
+from pkobatch.runner.run_log import RunLog, scrubbed_output
 from pkobatch.runner.runtimes import (
     INSTALL_ARGS,
     INSTALL_TIMEOUT_SECONDS,

@@ -27,8 +27,8 @@ from typing import Final, TextIO
 from pkobatch.api.run import JOB_UID_ENV, RunResult, RunSnapshot
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.execute import execute, runner_only_env_names
-from pkobatch.runner.log import RunLog
 from pkobatch.runner.redact import Redactor
+from pkobatch.runner.run_log import RunLog
 
 EXIT_SUCCEEDED: Final = 0
 EXIT_FAILED: Final = 1
