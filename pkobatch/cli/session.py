@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.text import Text
 
 from pkobatch.api.durations import format_duration, parse_duration
-from pkobatch.cli.kubeconfig import default_namespace
+from pkobatch.cli.default_namespace import default_namespace
 from pkobatch.kube.client import (
     STACKS,
     Forbidden,

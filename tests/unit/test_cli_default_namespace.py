@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from pkobatch.cli.kubeconfig import default_namespace, kubeconfig_paths
+from pkobatch.cli.default_namespace import default_namespace, kubeconfig_paths
 
 
 def write(path: Path, current: str, contexts: dict[str, str | None]) -> Path:
