@@ -13,7 +13,7 @@ import click
 
 from pkobatch import __version__
 from pkobatch.cli.job import job_group
-from pkobatch.cli.run import run_command
+from pkobatch.cli.local_run import run_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})

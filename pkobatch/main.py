@@ -20,7 +20,7 @@ def build_cli() -> click.Group:
     from pkobatch.cli.crds import crds_command
     from pkobatch.cli.dev import dev_group
     from pkobatch.cli.job import job_group
-    from pkobatch.cli.run import run_command
+    from pkobatch.cli.local_run import run_command
     from pkobatch.controller.command import controller_command
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})

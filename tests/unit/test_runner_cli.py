@@ -10,7 +10,7 @@ from rich.console import Console
 
 from pkobatch.api.run import RunResult, StackRef
 from pkobatch.cli.job import job_group
-from pkobatch.cli.run import render_result, run_command
+from pkobatch.cli.local_run import render_result, run_command
 from pkobatch.runner.job import summary_line
 
 
