@@ -36,6 +36,7 @@ from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from pkobatch.api.cron import load_time_zone
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.hints import (
     ANY_JSON,
@@ -50,7 +51,6 @@ from pkobatch.api.hints import (
 )
 from pkobatch.api.operation_request import RequestState
 from pkobatch.api.run import ProjectInfo
-from pkobatch.api.schedule import load_time_zone
 
 Int64 = Annotated[int, INT64]
 # Bound of every duration in seconds in the spec (365 days). Larger magnitudes overflow time

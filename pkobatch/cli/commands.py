@@ -18,7 +18,7 @@ import click
 from rich.live import Live
 from rich.text import Text
 
-from pkobatch.api.schedule import ScheduleError
+from pkobatch.api.cron import ScheduleError
 from pkobatch.cli import actions, diagnostics
 from pkobatch.cli.describe import describe_stack
 from pkobatch.cli.fetch import (

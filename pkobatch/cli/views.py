@@ -19,7 +19,7 @@ from pkobatch.api.constants import (
     CONDITION_STALLED,
     OPERATION_REQUEST_ANNOTATION,
 )
-from pkobatch.api.schedule import next_times
+from pkobatch.api.cron import next_times
 
 RUNNING: Final = "running"
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from pkobatch.api.schedule import DueRun, ScheduleError, due_run, next_time
+from pkobatch.api.cron import DueRun, ScheduleError, due_run, next_time
 from pkobatch.api.stack import StackSpec
 from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings

@@ -1,4 +1,4 @@
-"""pkobatch.api.schedule: next times and due runs, time zones, H spreading, missed runs."""
+"""pkobatch.api.cron: next times and due runs, time zones, H spreading, missed runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pkobatch.api.schedule import (
+from pkobatch.api.cron import (
     MAX_COUNTED_MISSED,
     DueRun,
     ScheduleError,
