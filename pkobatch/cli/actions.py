@@ -25,7 +25,7 @@ from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_
 from pkobatch.cli.follow import wait_for
 from pkobatch.cli.render import changes_text, format_table, human_duration
 from pkobatch.cli.requests import (
-    Outcome,
+    RequestOutcome,
     new_token,
     operation_progress,
     outcome,
@@ -71,7 +71,7 @@ def _record(session: Session, stack: JSON, run: str) -> RunRecord | None:
     return next((r for r in runs if r.name == run), None)
 
 
-def outcome_lines(result: Outcome) -> list[str]:
+def outcome_lines(result: RequestOutcome) -> list[str]:
     where = f"{result.namespace}/{result.name}"
     if result.result == "requested":
         return [f"{result.operation} requested for {where} ({result.request})"]
@@ -89,7 +89,7 @@ def outcome_lines(result: Outcome) -> list[str]:
     return lines
 
 
-def print_outcomes(session: Session, results: Sequence[Outcome], *, single: bool) -> None:
+def print_outcomes(session: Session, results: Sequence[RequestOutcome], *, single: bool) -> None:
     if session.output in ("json", "yaml"):
         data = [r.to_json() for r in results]
         session.print_data(data[0] if single else data)
@@ -136,14 +136,14 @@ def request_and_wait(
     *,
     wait: bool,
     show_logs: bool,
-) -> Outcome:
+) -> RequestOutcome:
     value = f"{operation}:{new_token()}"
     stack, replaced = set_annotation(session.kube, stack, OPERATION_REQUEST_ANNOTATION, value)
     view = stack_view(stack)
     if replaced:
         session.warn(f"{view.namespace}/{view.name}: replaced the pending request {replaced}")
     if not wait:
-        return Outcome(view.namespace, view.name, operation, value, "requested")
+        return RequestOutcome(view.namespace, view.name, operation, value, "requested")
     stack, progress = wait_for(
         session,
         stack,
@@ -192,12 +192,12 @@ def _select_stacks(
 def _run_many(
     session: Session,
     stacks: Sequence[JSON],
-    work: Callable[[JSON], Outcome],
+    work: Callable[[JSON], RequestOutcome],
     concurrency: int,
-) -> list[Outcome]:
+) -> list[RequestOutcome]:
     """Apply ``work`` to every Stack, at most ``concurrency`` at a time, with a progress bar
     on stderr; an API error on one Stack becomes that Stack's outcome."""
-    results: list[Outcome] = []
+    results: list[RequestOutcome] = []
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -208,13 +208,13 @@ def _run_many(
         transient=True,
     )
 
-    def one(stack: JSON) -> Outcome:
+    def one(stack: JSON) -> RequestOutcome:
         view = stack_view(stack)
         try:
             return work(stack)
         except (KubeError, click.ClickException) as exc:
             message = exc.message if isinstance(exc, KubeError) else exc.format_message()
-            return Outcome(
+            return RequestOutcome(
                 view.namespace, view.name, "", "", "error", message=" ".join(message.split())
             )
 
@@ -339,7 +339,7 @@ def reconcile_command(name: str, wait: bool) -> None:
     if not wait:
         print_outcomes(
             session,
-            [Outcome(view.namespace, view.name, "reconcile", token, "requested")],
+            [RequestOutcome(view.namespace, view.name, "reconcile", token, "requested")],
             single=True,
         )
         return

@@ -160,7 +160,7 @@ def reconcile_progress(stack: Mapping[str, Any], token: str) -> Progress:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RequestOutcome:
     """The end of one requested operation on one Stack, as reported to the user."""
 
     namespace: str
@@ -199,7 +199,7 @@ def outcome(
     request: str,
     progress: Progress,
     record: RunRecord | None,
-) -> Outcome:
+) -> RequestOutcome:
     """Combine the final progress with the run's result (reason, changes, duration)."""
     view = stack_view(stack)
     if progress.phase in ("Succeeded", "Ready"):
@@ -216,7 +216,7 @@ def outcome(
         reason = progress.failed_reason
     if result == "succeeded" and reason == "Succeeded":
         reason = ""
-    return Outcome(
+    return RequestOutcome(
         namespace=view.namespace,
         name=view.name,
         operation=operation,

@@ -93,7 +93,7 @@ UNLOCK_TIMEOUT_SECONDS: Final = 30.0
 
 
 @dataclass
-class Outcome:
+class OperationOutput:
     """What a successful operation produced."""
 
     changes: dict[str, int] = field(default_factory=dict)
@@ -173,7 +173,7 @@ def execute(
         plan_store=plan_store,
     )
     reason: ResultReason = "Succeeded"
-    outcome = Outcome()
+    outcome = OperationOutput()
     message = ""
     cwd = os.getcwd()
     try:
@@ -224,7 +224,7 @@ def execute(
     return bound_result(result)
 
 
-def _execute(run: _Run) -> Outcome:
+def _execute(run: _Run) -> OperationOutput:
     snapshot, env, log = run.snapshot, run.env, run.log
     check = load_stack_spec(snapshot.spec, snapshot.stack.namespace)
     if check.spec is None or check.problems:
@@ -290,7 +290,7 @@ def _execute(run: _Run) -> Outcome:
         stack = _select_stack(run, spec, workspace)
         if stack is None:
             _remove_exported(run, spec)
-            return Outcome(message=f"stack {spec.stack} does not exist; nothing to destroy")
+            return OperationOutput(message=f"stack {spec.stack} does not exist; nothing to destroy")
         if config:
             log.step(f"setting {len(config)} config value(s)")
             config_plan = plan_config(config)
@@ -545,7 +545,7 @@ def _check_environment_support(spec: StackSpec, env: Mapping[str, str]) -> None:
         )
 
 
-def _operate(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
+def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
     """The operation; once more after removing a stale lock that refused it."""
     try:
         return _operate_once(run, spec, stack)
@@ -585,7 +585,7 @@ def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
     return True
 
 
-def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
+def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
     snapshot, log = run.snapshot, run.log
     update = spec.update_template.spec if spec.update_template else None
 
@@ -617,7 +617,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
         log.step("checking for drift (refresh --preview-only)")
         preview = stack.preview_refresh(**common)
         changes = normalize_changes(preview.change_summary)
-        return Outcome(changes=changes, drifted=count_drift(changes))
+        return OperationOutput(changes=changes, drifted=count_drift(changes))
     operation = snapshot.operation
     log.step(f"running {operation}")
     if operation == "up":
@@ -633,7 +633,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
             **common,
         )
         masked = {key: value.value for key, value in up.outputs.items()}
-        return Outcome(
+        return OperationOutput(
             changes=normalize_changes(up.summary.resource_changes),
             outputs=run.log.redactor.mask_value(masked),
             secret_outputs=secret_output_keys(masked),
@@ -650,7 +650,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
             plan=str(plan_file) if plan_file else None,
             **common,
         )
-        previewed = Outcome(
+        previewed = OperationOutput(
             changes=normalize_changes(preview.change_summary),
             permalink=find_permalink(preview.stdout),
         )
@@ -665,7 +665,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
             **common,
         )
         changes = normalize_changes(refreshed.summary.resource_changes)
-        return Outcome(
+        return OperationOutput(
             changes=changes,
             drifted=count_drift(changes),
             permalink=find_permalink(refreshed.stdout),
@@ -678,7 +678,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> Outcome:
         show_secrets=False,
         **common,
     )
-    return Outcome(
+    return OperationOutput(
         changes=normalize_changes(destroyed.summary.resource_changes),
         permalink=find_permalink(destroyed.stdout),
     )
@@ -689,7 +689,7 @@ def _private_file(run: _Run, name: str) -> Path:
     return run.private / name
 
 
-def _save_plan(run: _Run, plan_file: Path, outcome: Outcome) -> None:
+def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput) -> None:
     """Store the plan a preview saved in its Secret (spec.approval); fill in its id and steps."""
     save = run.snapshot.save_plan
     assert save is not None
@@ -749,7 +749,11 @@ def _no_cluster_note(run: _Run) -> bool:
 
 
 def _export(
-    run: _Run, spec: StackSpec, workspace: RunnerWorkspace, stack_name: str, outcome: Outcome
+    run: _Run,
+    spec: StackSpec,
+    workspace: RunnerWorkspace,
+    stack_name: str,
+    outcome: OperationOutput,
 ) -> None:
     """Write the outputs of a successful ``up`` where spec.exportOutputs says."""
     export = spec.export_outputs
