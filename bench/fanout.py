@@ -1,23 +1,45 @@
-"""Fan-out: N Stacks applied at once, against a bare client loop doing the same API writes.
+"""Fan-out, memory, idleness and edit latency of the controller, against a bare client
+doing the same API writes with the same concurrency, measured side by side in one run.
 
-    .venv/bin/python bench/fanout.py [--stacks 1000] [--idle-seconds 60]
+    .venv/bin/python bench/fanout.py [--stacks 1000] [--mode controller|whole] [--history 5]
+        [--workers 8] [--idle-seconds 60] [--resync 30s] [--edits 100]
 
-On a local control plane (real etcd, kube-apiserver, kube-controller-manager and the node
-agent, from scripts/tools.sh), measured side by side in one run:
+On a local control plane (real etcd, kube-apiserver, kube-controller-manager; scripts/tools.sh).
 
-- controller: `pkobatch controller` (a process) watching one namespace; N Stacks are applied
-  as fast as one client can; the clock runs from the first apply until every Stack has its
-  Job, and until every Stack is Ready. Each Job runs a tiny real program (this file,
-  `write-result`) that writes a valid RunResult ConfigMap owned by its Job, so the
-  controller's whole path runs: Job, pod, result, fold, status.
-- baseline: a plain loop with the same client library in another namespace: create the N
-  Stacks, then per Stack the writes the controller makes before a run (finalizer, the same
-  Job created suspended, status, Event) and after it (status, Event).
+Modes:
 
-Prints the rate ratio controller / baseline for "every Job exists" (target >= 0.5), the time
-until every Stack is Ready, the controller's peak RSS (target <= 256 MiB at 5,000 Stacks), API
-requests per Stack (the controller's own client metrics and the API server's
-apiserver_request_total), and writes per idle Stack per minute afterwards (target 0).
+- ``controller`` (default): kube-controller-manager runs without its job-controller, so Jobs
+  are created and no pod ever is. This script plays the runner: for every Job the controller
+  creates it writes the Job's result ConfigMap and marks the Job complete (two requests, not
+  counted as the controller's). The controller's whole path runs — Job, result, fold,
+  status — and nothing else competes for the two CPUs.
+- ``whole``: the Job controller creates pods, the node agent runs them (``--pods`` at once),
+  each runs ``write-result`` (this file), a short program writing a valid result: the whole
+  path, pods included.
+
+Phases:
+
+1. baseline: a bare client (no rate limit) in its own namespace: one thread applies the N
+   Stacks, ``--workers`` threads take each applied Stack and make the writes the controller
+   makes before a run, in its order: the Job (built by the controller's own builder, created
+   suspended so no pod runs) and its inputs, the finalizer, the status, the Event. The clock
+   runs from the first apply until every Job exists.
+2. controller: ``pkobatch controller`` with ``--workers`` workers and its default rate limit;
+   the same applier; the clock runs from the first apply until every Job exists (the same end
+   point: fan-out ratio controller / baseline, target >= 0.8), then until every Stack is Ready.
+3. history (controller mode): ``--history`` - 1 finished runs per Stack are added — Jobs as
+   the controller builds them, complete, and their results — so with the run of phase 2 each
+   Stack has ``--history`` runs, as after that many updates; the controller's RSS with them
+   (target <= 256 MiB at 10,000 Stacks with 5 runs each).
+4. idle: ``--idle-seconds`` with nothing changing; the controller's resync is shortened to
+   ``--resync`` so the window covers at least one: API writes per idle Stack per minute
+   (target 0).
+5. latency: ``--edits`` spec edits of one Stack at a time among the idle ones: seconds from
+   the edit to its Job's creation (seen on a watch), p50 and p99 (target p99 <= 1 s).
+
+Also printed: API requests per Stack (the controller's own client metrics, and the API
+server's ``apiserver_request_total`` without this script's requests), the time the
+controller's requests waited for its rate limit, and the load of the machine.
 """
 
 from __future__ import annotations
@@ -25,13 +47,17 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import json
 import os
+import queue
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -46,8 +72,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_NS = "bench-controller"
 BASELINE_NS = "bench-baseline"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
-TARGET_RATE_RATIO = 0.5
+TARGET_RATE_RATIO = 0.8
 TARGET_RSS_MIB = 256
+TARGET_P99_SECONDS = 1.0
+# Run trigger of the finished runs the history phase adds (this script completes them).
+HISTORY_TRIGGER = "history:"
 JSON = dict[str, Any]
 
 
@@ -200,28 +229,13 @@ def count_ready(kube: Any, stacks_resource: Any, namespace: str) -> int:
     return ready
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         return str(reply.read().decode())
 
 
-def controller_requests(port: int, methods: tuple[str, ...] | None = None) -> float:
-    return sum(
-        value
-        for labels, value in parse_metrics(scrape(port), "rest_client_requests_total")
-        if methods is None or labels.get("method") in methods
-    )
-
-
 # ---------------------------------------------------------------------------------------
-# The two sides
+# Stacks, runs and their results
 # ---------------------------------------------------------------------------------------
 
 
@@ -234,29 +248,239 @@ def stack_body(name: str) -> JSON:
     }
 
 
-def apply_stacks(kube: Any, namespace: str, count: int) -> None:
+def stack_names(count: int) -> list[str]:
+    return [f"s{index:05d}" for index in range(count)]
+
+
+def apply_stacks(kube: Any, namespace: str, count: int, applied: Callable[[JSON], None]) -> None:
     from pkobatch.kube.client import STACKS
 
-    for index in range(count):
-        kube.create(STACKS, stack_body(f"s{index:05d}"), namespace)
+    for name in stack_names(count):
+        applied(kube.create(STACKS, stack_body(name), namespace))
 
 
-def run_baseline(kube: Any, count: int) -> tuple[float, float]:
-    """Seconds for (create Stacks + the writes before each run), and for the writes after."""
+def result_of(job: JSON, **fields: Any) -> JSON:
+    """The RunResult a successful run of ``job`` writes (what ``write-result`` writes)."""
+    from pkobatch.api.constants import JOB_STACK_UID_ANNOTATION, RUN_ANNOTATION
+    from pkobatch.runtime.store import stack_name_of
+
+    meta = job["metadata"]
+    run = json.loads(meta["annotations"][RUN_ANNOTATION])
+    stack = {
+        "name": stack_name_of(job),
+        "namespace": meta["namespace"],
+        "uid": meta["annotations"][JOB_STACK_UID_ANNOTATION],
+    }
+    return {
+        "schemaVersion": "pkobatch.io/run-result/v1",
+        "operation": run["operation"],
+        "state": "succeeded",
+        "reason": "Succeeded",
+        "message": "",
+        "stack": stack,
+        "jobName": meta["name"],
+        "generation": run["generation"],
+        "reconcileRequest": run["reconcile_request"],
+        "commit": run["commit"],
+        "outputs": {"stack": stack["name"]},
+        "changes": {"same": 1},
+        "pulumiVersion": "3.259.0",
+        **fields,
+    }
+
+
+def result_configmap(job: JSON, result: JSON) -> JSON:
+    meta = job["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": meta["name"],
+            "labels": meta["labels"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "data": {"result.json": json.dumps(result)},
+    }
+
+
+def complete_status(at: str) -> JSON:
+    """A Job status the API server accepts as finished successfully."""
+    return {
+        "status": {
+            "startTime": at,
+            "completionTime": at,
+            "succeeded": 1,
+            "conditions": [
+                {
+                    "type": kind,
+                    "status": "True",
+                    "lastTransitionTime": at,
+                    "lastProbeTime": at,
+                    "reason": "CompletionsReached",
+                    "message": "Reached expected number of succeeded pods",
+                }
+                for kind in ("SuccessCriteriaMet", "Complete")
+            ],
+        }
+    }
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def finish_run(kube: Any, job: JSON) -> None:
+    """What a successful run leaves: its result, then its Job complete."""
+    from pkobatch.kube.client import CONFIGMAPS, JOBS, AlreadyExists
+
+    namespace = job["metadata"]["namespace"]
+    with contextlib.suppress(AlreadyExists):
+        kube.create(CONFIGMAPS, result_configmap(job, result_of(job)), namespace)
+    kube.merge_patch(
+        JOBS,
+        job["metadata"]["name"],
+        complete_status(now_rfc3339()),
+        namespace,
+        subresource="status",
+    )
+
+
+class JobWatch:
+    """Watches the Jobs of a namespace: when each was first seen (by Stack and generation),
+    and, in controller mode, plays the runner for each new one."""
+
+    def __init__(self, kube: Any, namespace: str, runner: ThreadPoolExecutor | None) -> None:
+        self._kube = kube
+        self._namespace = namespace
+        self._runner = runner
+        self._lock = threading.Lock()
+        self.seen: dict[tuple[str, int], float] = {}
+        self._names: set[str] = set()
+        self._stop = threading.Event()
+        self._stream: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[str] = []
+        # Runs are held until ``release()``: while the fan-out is timed, the controller
+        # makes only the writes before a run, as the baseline does.
+        self._gate = threading.Event()
+        self._held: list[JSON] = []
+
+    def release(self) -> None:
+        """Finish the held runs, and every later one as soon as it is seen."""
+        with self._lock:
+            self._gate.set()
+            held, self._held = self._held, []
+        if self._runner is not None:
+            for job in held:
+                self._runner.submit(self._finish, job)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.stop()
+        self._thread.join(10)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._names)
+
+    def arrived(self, stack: str, generation: int) -> bool:
+        return self.first_seen(stack, generation) is not None
+
+    def first_seen(self, stack: str, generation: int) -> float | None:
+        with self._lock:
+            return self.seen.get((stack, generation))
+
+    def _run(self) -> None:
+        from pkobatch.api.constants import RUN_ANNOTATION
+        from pkobatch.kube.client import JOBS, KubeError
+        from pkobatch.runtime.store import stack_name_of
+
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    _, version = self._kube.list_objects(JOBS, self._namespace, page_size=1)
+                self._stream = self._kube.watch(
+                    JOBS, self._namespace, resource_version=version, timeout_seconds=300
+                )
+                for event in self._stream:
+                    at = time.monotonic()
+                    meta = event.object.get("metadata") or {}
+                    version = str(meta.get("resourceVersion") or version)
+                    if event.type != "ADDED":
+                        continue
+                    run = json.loads((meta.get("annotations") or {}).get(RUN_ANNOTATION, "{}"))
+                    key = (str(stack_name_of(event.object)), int(run.get("generation", 0)))
+                    with self._lock:
+                        self._names.add(str(meta.get("name")))
+                        self.seen.setdefault(key, at)
+                    finished = any(
+                        c.get("type") == "Complete"
+                        for c in (event.object.get("status") or {}).get("conditions") or ()
+                    )
+                    history = str(run.get("trigger", "")).startswith(HISTORY_TRIGGER)
+                    if self._runner is not None and not finished and not history:
+                        with self._lock:
+                            if self._gate.is_set():
+                                self._runner.submit(self._finish, event.object)
+                            else:
+                                self._held.append(event.object)
+            except KubeError as exc:
+                if self._stop.is_set():
+                    return
+                if exc.status == 410:
+                    version = ""
+                time.sleep(0.5)
+
+    def _finish(self, job: JSON) -> None:
+        try:
+            finish_run(self._kube, job)
+        except Exception as exc:  # reported at the end; a benchmark must not hide errors
+            self.errors.append(f"{job['metadata']['name']}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------
+# The baseline: a bare client, as concurrent as the controller, the same writes
+# ---------------------------------------------------------------------------------------
+
+
+def run_baseline(kube: Any, count: int, workers: int) -> float:
+    """Seconds from the first apply until every Stack's Job (and the writes before it) exist."""
     from pkobatch.api.stack import StackSpec
     from pkobatch.config import Settings
     from pkobatch.controller.events import EventRecorder
-    from pkobatch.controller.jobs import Run, build_job, builtin_template
-    from pkobatch.kube.client import JOBS, STACKS
+    from pkobatch.controller.jobs import Run, build_run, builtin_template, owned_by_job
+    from pkobatch.kube.client import CONFIGMAPS, JOBS, SECRETS, STACKS
 
     settings = Settings().job
     template = builtin_template()
     events = EventRecorder(kube, "bench-baseline")
-    started = time.monotonic()
-    apply_stacks(kube, BASELINE_NS, count)
-    stacks, _ = kube.list_objects(STACKS, BASELINE_NS)
-    for stack in stacks:
+    applied: queue.Queue[JSON | None] = queue.Queue()
+    job_created: list[float] = []
+
+    def before_run(stack: JSON) -> None:
         meta = stack["metadata"]
+        run = Run("up", "sync", 1, "", "", "after::")
+        objects = build_run(stack, StackSpec(stack="dev"), run, settings, template)
+        job = objects.job
+        job["spec"]["suspend"] = True  # the same object, but no pod: only the API writes count
+        created = kube.create(JOBS, job, BASELINE_NS)
+        job_created.append(time.monotonic())
+        for item in objects.inputs:
+            owned = owned_by_job(item, job["metadata"]["name"], created["metadata"]["uid"])
+            kube.create(SECRETS if item["kind"] == "Secret" else CONFIGMAPS, owned, BASELINE_NS)
         updated = kube.merge_patch(
             STACKS,
             meta["name"],
@@ -268,10 +492,6 @@ def run_baseline(kube: Any, count: int) -> tuple[float, float]:
             },
             BASELINE_NS,
         )
-        run = Run("up", "sync", 1, "", "", "after::")
-        job = build_job(updated, StackSpec(stack="dev"), run, settings, template)
-        job["spec"]["suspend"] = True  # the same object, but no pod: only the API writes count
-        kube.create(JOBS, job, BASELINE_NS)
         kube.merge_patch(
             STACKS,
             meta["name"],
@@ -281,6 +501,7 @@ def run_baseline(kube: Any, count: int) -> tuple[float, float]:
                     "observedGeneration": 1,
                     "currentUpdate": {
                         "generation": 1,
+                        "reconcileRequest": "",
                         "name": job["metadata"]["name"],
                         "commit": "",
                     },
@@ -290,8 +511,15 @@ def run_baseline(kube: Any, count: int) -> tuple[float, float]:
                             "status": "False",
                             "reason": "NotReadyInProgress",
                             "message": "reconciliation is in progress",
-                            "lastTransitionTime": "2026-01-01T00:00:00Z",
-                        }
+                            "lastTransitionTime": now_rfc3339(),
+                        },
+                        {
+                            "type": "Reconciling",
+                            "status": "True",
+                            "reason": "StackProcessing",
+                            "message": "running up",
+                            "lastTransitionTime": now_rfc3339(),
+                        },
                     ],
                 },
             },
@@ -299,30 +527,31 @@ def run_baseline(kube: Any, count: int) -> tuple[float, float]:
             subresource="status",
         )
         events.post(updated, "Normal", "StackUpdateDetected", "initial stack update")
-    before_runs = time.monotonic() - started
+
+    def worker() -> None:
+        while (stack := applied.get()) is not None:
+            before_run(stack)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
     started = time.monotonic()
-    for stack in stacks:
-        name = stack["metadata"]["name"]
-        kube.merge_patch(
-            STACKS,
-            name,
-            {
-                "status": {
-                    "currentUpdate": None,
-                    "lastUpdate": {"generation": 1, "state": "succeeded", "type": "up"},
-                    "outputs": {"stack": name},
-                }
-            },
-            BASELINE_NS,
-            subresource="status",
-        )
-        events.post(stack, "Normal", "StackCreated", "up succeeded")
-    return before_runs, time.monotonic() - started
+    apply_stacks(kube, BASELINE_NS, count, applied.put)
+    for _ in threads:
+        applied.put(None)
+    for thread in threads:
+        thread.join()
+    return max(job_created) - started
+
+
+# ---------------------------------------------------------------------------------------
+# The controller
+# ---------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def controller_process(
-    kubeconfig: Path, count: int, work: Path
+    kubeconfig: Path, count: int, work: Path, args: argparse.Namespace
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     from pkobatch.dev.environment import controller_argv
     from pkobatch.dev.processes import free_port
@@ -333,6 +562,7 @@ def controller_process(
         "PKOBATCH_JOB__COMMAND": f"{sys.executable},{Path(__file__).resolve()},write-result",
         "PKOBATCH_MAX_ACTIVE_JOBS": str(count),
         "PKOBATCH_LOG_LEVEL": "warning",
+        "PKOBATCH_RESYNC_PERIOD": args.resync,
     }
     log = (work / "controller.log").open("wb")
     process = subprocess.Popen(
@@ -341,7 +571,7 @@ def controller_process(
             namespaces=BENCH_NS,
             metrics_addr=f"127.0.0.1:{port}",
             health_addr="0",
-            workers=8,
+            workers=args.workers,
         ),
         env=env,
         stdout=log,
@@ -376,6 +606,98 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of ``pid``."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", float("nan")), values.get("VmHWM", float("nan"))
+
+
+def report_rss(pid: int, when: str) -> None:
+    current, peak = rss_mib(pid)
+    say(f"controller RSS {when}: {current:.0f} MiB (peak so far {peak:.0f} MiB)")
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def metric_sum(port: int, name: str, methods: tuple[str, ...] | None = None) -> float:
+    return sum(
+        value
+        for labels, value in parse_metrics(scrape(port), name)
+        if methods is None or labels.get("method") in methods
+    )
+
+
+def add_history(kube: Any, count: int, runs: int, workers: int) -> None:
+    """``runs`` earlier finished runs per Stack, as they would have been left: the Job the
+    controller builds (complete) and its result."""
+    from pkobatch.api.stack import StackSpec
+    from pkobatch.config import Settings
+    from pkobatch.controller.jobs import Run, build_run, builtin_template
+    from pkobatch.kube.client import CONFIGMAPS, JOBS, STACKS
+
+    settings = Settings().job
+    template = builtin_template()
+    stacks, _ = kube.list_objects(STACKS, BENCH_NS)
+
+    def one(stack: JSON) -> None:
+        for index in range(runs):
+            run = Run("up", "sync", 1, "", "", f"{HISTORY_TRIGGER}{index}")
+            job = build_run(stack, StackSpec(stack="dev"), run, settings, template).job
+            created = kube.create(JOBS, job, BENCH_NS)
+            kube.create(CONFIGMAPS, result_configmap(created, result_of(created)), BENCH_NS)
+            kube.merge_patch(
+                JOBS,
+                created["metadata"]["name"],
+                complete_status("2026-01-01T00:00:00Z"),
+                BENCH_NS,
+                subresource="status",
+            )
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, stacks))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def measure_latency(kube: Any, jobs: JobWatch, count: int, edits: int, timeout: float) -> None:
+    from pkobatch.kube.client import STACKS
+
+    names = stack_names(count)
+    step = max(1, count // max(1, edits))
+    latencies = []
+    for index in range(edits):
+        name = names[(index * step) % count]
+        started = time.monotonic()
+        updated = kube.merge_patch(
+            STACKS, name, {"spec": {"config": {"bench:edit": str(index)}}}, BENCH_NS
+        )
+        generation = int(updated["metadata"]["generation"])
+        wait_for(
+            functools.partial(jobs.arrived, name, generation),
+            timeout,
+            f"the Job of edit {index} ({name})",
+            0.005,
+        )
+        seen = jobs.first_seen(name, generation)
+        assert seen is not None
+        latencies.append(seen - started)
+        time.sleep(0.2)  # no backlog: one edit at a time
+    say(
+        f"edit -> Job created, one edit at a time among {count} idle Stacks ({edits} edits): "
+        f"p50 {statistics.median(latencies):.3f}s, p99 {percentile(latencies, 0.99):.3f}s, "
+        f"max {max(latencies):.3f}s (target p99 <= {TARGET_P99_SECONDS}s)"
+    )
+
+
 def measure_controller(
     kube: Any,
     tally: Tally,
@@ -383,71 +705,111 @@ def measure_controller(
     count: int,
     args: argparse.Namespace,
     work: Path,
-    baseline_rate: float,
+    baseline_seconds: float,
 ) -> None:
-    from pkobatch.kube.client import JOBS, STACKS
+    from pkobatch.kube.client import STACKS
 
-    with controller_process(kubeconfig, count, work) as (process, port):
-        own_before = Counter(tally.counts)
-        server_before = apiserver_requests(kube)
-        controller_before = controller_requests(port)
-        started = time.monotonic()
-        with ThreadPoolExecutor(1) as pool:
-            applying = pool.submit(apply_stacks, kube, BENCH_NS, count)
-            wait_for(
-                lambda: count_objects(kube, JOBS, BENCH_NS) >= count,
-                args.timeout,
-                "every Job",
-                0.25,
+    runner = ThreadPoolExecutor(4) if args.mode == "controller" else None
+    jobs = JobWatch(kube, BENCH_NS, runner)
+    jobs.start()
+    try:
+        with controller_process(kubeconfig, count, work, args) as (process, port):
+            own_before = Counter(tally.counts)
+            server_before = apiserver_requests(kube)
+            controller_before = metric_sum(port, "rest_client_requests_total")
+            started = time.monotonic()
+            with ThreadPoolExecutor(1) as pool:
+                applying = pool.submit(apply_stacks, kube, BENCH_NS, count, lambda _: None)
+                wait_for(lambda: jobs.count() >= count, args.timeout, "every Job", 0.05)
+                jobs_seconds = time.monotonic() - started
+                applying.result()
+            ratio = baseline_seconds / jobs_seconds
+            verdict = "met" if ratio >= TARGET_RATE_RATIO else "NOT met"
+            say(
+                f"controller: every Job exists after {jobs_seconds:.1f}s "
+                f"({count / jobs_seconds:.1f} Stacks/s); {load()}"
             )
-            jobs_seconds = time.monotonic() - started
-            applying.result()
-        rate = count / jobs_seconds
-        ratio = rate / baseline_rate
-        verdict = "met" if ratio >= TARGET_RATE_RATIO else "NOT met"
-        say(f"controller: every Job exists after {jobs_seconds:.1f}s ({rate:.1f} Stacks/s)")
-        say(
-            f"rate ratio controller/baseline: {ratio:.2f} "
-            f"(target >= {TARGET_RATE_RATIO}: {verdict})"
-        )
-        say(f"controller peak RSS so far: {peak_rss_mib(process.pid):.0f} MiB")
+            say(
+                f"fan-out ratio controller/baseline: {ratio:.2f} "
+                f"(target >= {TARGET_RATE_RATIO}: {verdict})"
+            )
+            report_rss(process.pid, "when every Job exists")
+            reconciles = metric_sum(port, "controller_runtime_reconcile_total")
+            say(f"reconciles per Stack until every Job exists: {reconciles / count:.2f}")
+            jobs.release()
 
-        # Listing every Stack is not free: poll less often for large fleets.
-        wait_for(
-            lambda: count_ready(kube, STACKS, BENCH_NS) >= count,
-            args.timeout,
-            "every Stack Ready",
-            max(2.0, count / 500),
-        )
-        say(
-            f"controller: every Stack Ready after {time.monotonic() - started:.1f}s "
-            f"(includes running {count} pods through the Job controller and node agent)"
-        )
-        own = Counter(tally.counts)
-        own.subtract(own_before)
-        server_delta = Counter(apiserver_requests(kube))
-        server_delta.subtract(server_before)
-        server_delta.subtract(own)
-        controller_total = controller_requests(port) - controller_before
-        say(f"API requests per Stack, controller's client: {controller_total / count:.2f}")
-        say(
-            "API requests per Stack, apiserver_request_total (Stacks, Job create/delete, "
-            f"events.k8s.io create; this script's own removed): "
-            f"{controller_relevant(server_delta) / count:.2f}"
-        )
+            wait_for(
+                lambda: count_ready(kube, STACKS, BENCH_NS) >= count,
+                args.timeout,
+                "every Stack Ready",
+                max(2.0, count / 500),
+            )
+            say(f"controller: every Stack Ready after {time.monotonic() - started:.1f}s")
+            own = Counter(tally.counts)
+            own.subtract(own_before)
+            server_delta = Counter(apiserver_requests(kube))
+            server_delta.subtract(server_before)
+            server_delta.subtract(own)
+            controller_total = metric_sum(port, "rest_client_requests_total") - controller_before
+            say(f"API requests per Stack, controller's client: {controller_total / count:.2f}")
+            say(
+                "API requests per Stack, apiserver_request_total (Stacks, Job create/delete, "
+                f"events.k8s.io create; this script's own removed): "
+                f"{controller_relevant(server_delta) / count:.2f}"
+            )
+            waited = metric_sum(port, "rest_client_rate_limiter_duration_seconds_sum")
+            say(f"controller requests waited {waited:.1f}s in all for the client rate limit")
+            report_rss(process.pid, "when every Stack is Ready")
 
-        idle_before = controller_requests(port, WRITES)
-        time.sleep(args.idle_seconds)
-        idle_writes = controller_requests(port, WRITES) - idle_before
-        idle_per_minute = idle_writes / count / (args.idle_seconds / 60)
-        say(
-            f"writes per idle Stack per minute over {args.idle_seconds:.0f}s: "
-            f"{idle_per_minute:.3f} (target 0)"
-        )
-        say(
-            f"controller peak RSS: {peak_rss_mib(process.pid):.0f} MiB "
-            f"(target <= {TARGET_RSS_MIB} MiB at 5,000 Stacks)"
-        )
+            if args.history > 1 and args.mode == "controller":
+                extra = args.history - 1
+                history_started = time.monotonic()
+                add_history(kube, count, extra, 2 * args.workers)
+                wait_for(
+                    lambda: jobs.count() >= count * args.history,
+                    args.timeout,
+                    "every history Job seen",
+                    0.5,
+                )
+                time.sleep(10)  # the controller's watches deliver them too
+                say(
+                    f"history: {extra} more finished runs per Stack added in "
+                    f"{time.monotonic() - history_started:.0f}s "
+                    f"({count * args.history} Jobs and results in all)"
+                )
+                report_rss(process.pid, f"with {args.history} runs of history per Stack")
+
+            idle_before = metric_sum(port, "rest_client_requests_total", WRITES)
+            reads_before = metric_sum(port, "rest_client_requests_total")
+            reconciles_before = metric_sum(port, "controller_runtime_reconcile_total")
+            time.sleep(args.idle_seconds)
+            idle_writes = metric_sum(port, "rest_client_requests_total", WRITES) - idle_before
+            idle_all = metric_sum(port, "rest_client_requests_total") - reads_before
+            idle_reconciles = (
+                metric_sum(port, "controller_runtime_reconcile_total") - reconciles_before
+            )
+            minutes = args.idle_seconds / 60
+            say(
+                f"idle {args.idle_seconds:.0f}s (resync every {args.resync}; "
+                f"{idle_reconciles / count:.1f} reconciles per Stack): "
+                f"{idle_writes / count / minutes:.4f} writes per idle Stack per minute "
+                f"(target 0), {idle_all / minutes:.1f} requests per minute in all"
+            )
+            report_rss(process.pid, "after the idle window")
+
+            if args.edits and args.mode == "controller":
+                measure_latency(kube, jobs, count, args.edits, args.timeout)
+            _, peak = rss_mib(process.pid)
+            say(
+                f"controller peak RSS: {peak:.0f} MiB at {count} Stacks "
+                f"(target <= {TARGET_RSS_MIB} MiB at 10,000 Stacks with 5 runs each); {load()}"
+            )
+    finally:
+        jobs.stop()
+        if runner is not None:
+            runner.shutdown(wait=True, cancel_futures=True)
+        for error in jobs.errors[:5]:
+            say(f"runner error: {error}")
 
 
 def prepare_namespaces(kube: Any) -> None:
@@ -473,42 +835,64 @@ def prepare_namespaces(kube: Any) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stacks", type=int, default=1000)
+    parser.add_argument(
+        "--mode",
+        choices=("controller", "whole"),
+        default="controller",
+        help="controller: no pods, this script plays the runner; whole: pods run",
+    )
+    parser.add_argument("--history", type=int, default=5, help="runs per Stack (controller)")
+    parser.add_argument("--workers", type=int, default=8, help="controller workers = baseline")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--resync", default="30s", help="the controller's resync period")
+    parser.add_argument("--edits", type=int, default=100, help="latency samples (controller)")
     parser.add_argument("--pods", type=int, default=8, help="pods the node agent runs at once")
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
 
-    from pkobatch.dev.controlplane import default_crds_dir
+    from pkobatch.api.durations import parse_duration
+    from pkobatch.dev.controlplane import CONTROLLERS, default_crds_dir
     from pkobatch.dev.environment import dev_environment
     from pkobatch.dev.tools import ToolsMissing, find_tools
     from pkobatch.kube.client import Kube
 
+    if parse_duration(args.resync).total_seconds() > args.idle_seconds:
+        sys.exit("--idle-seconds must cover at least one --resync period")
     try:
         tools = find_tools(("etcd", "kubernetes"))
     except ToolsMissing as exc:
         sys.exit(str(exc))
+    controllers = (
+        [c for c in CONTROLLERS if c != "job-controller"]
+        if args.mode == "controller"
+        else CONTROLLERS
+    )
     count = args.stacks
     with tempfile.TemporaryDirectory(prefix="pkobatch-fanout-") as tmp:
         work = Path(tmp)
         with dev_environment(
-            work / "cluster", tools, crds_dir=default_crds_dir(), max_pods=args.pods
+            work / "cluster",
+            tools,
+            crds_dir=default_crds_dir(),
+            max_pods=args.pods,
+            controllers=controllers,
         ) as environment:
             plane = environment.control_plane
             tally = Tally()
-            kube = Kube.connect(str(plane.kubeconfig), on_request=tally.hook, qps_pool=16)
+            kube = Kube.connect(str(plane.kubeconfig), on_request=tally.hook, qps_pool=32)
             try:
                 prepare_namespaces(kube)
-                say(f"fan-out of {count} Stacks (node agent runs {args.pods} pods at once)")
-
-                baseline_before, baseline_after = run_baseline(kube, count)
-                baseline_rate = count / baseline_before
                 say(
-                    f"baseline: {baseline_before:.1f}s to create the Stacks and their Jobs "
-                    f"({baseline_rate:.1f} Stacks/s), {baseline_after:.1f}s for the status "
-                    "after the runs"
+                    f"fan-out of {count} Stacks, mode {args.mode}, {args.workers} workers; {load()}"
                 )
-
-                measure_controller(kube, tally, plane.kubeconfig, count, args, work, baseline_rate)
+                baseline_seconds = run_baseline(kube, count, args.workers)
+                say(
+                    f"baseline ({args.workers} threads, bare client): every Job exists after "
+                    f"{baseline_seconds:.1f}s ({count / baseline_seconds:.1f} Stacks/s)"
+                )
+                measure_controller(
+                    kube, tally, plane.kubeconfig, count, args, work, baseline_seconds
+                )
             finally:
                 kube.close()
 

@@ -164,6 +164,12 @@ class Settings(BaseSettings):
         "plain http://; by default credentials go only over https:// or ssh "
         "(docs/security.md)",
     )
+    resync_period: Duration = Field(
+        default=timedelta(hours=10),
+        ge=timedelta(seconds=1),
+        description="how often every cached Stack is reconciled again although nothing "
+        "changed (controller-runtime's SyncPeriod); a reconcile of an idle Stack writes nothing",
+    )
     schedule_starting_deadline: Duration = Field(
         default=timedelta(hours=1),
         description="a scheduled run or drift check missed for longer (controller down, "

@@ -121,5 +121,6 @@ def build_manager(
         also_stop=[flux_sources],
         identity=identity,
         on_lost_lease=on_lost_lease,
+        resync_period=settings.resync_period.total_seconds(),
         read_timeout=read_timeout,
     )

@@ -29,6 +29,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -146,8 +147,12 @@ class ControlPlane:
         tools: Tools | None = None,
         *,
         crds_dir: Path | None = None,
+        controllers: Sequence[str] = CONTROLLERS,
     ) -> None:
+        """``controllers``: what kube-controller-manager runs (a benchmark of the pkobatch
+        controller alone leaves out the job-controller: Jobs are created, no pod ever is)."""
         self.state_dir = state_dir.resolve()
+        self.controllers = tuple(controllers)
         self.tools = tools or find_tools(("etcd", "kubernetes"))
         self.crds_dir = crds_dir
         self.pki = Pki(self.state_dir / "pki")
@@ -438,7 +443,7 @@ class ControlPlane:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 f"--service-account-private-key-file={pki.service_account_key}",
                 f"--root-ca-file={pki.ca_cert}",
                 "--use-service-account-credentials=false",

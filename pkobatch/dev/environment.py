@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pkobatch.dev.controlplane import ControlPlane
+from pkobatch.dev.controlplane import CONTROLLERS, ControlPlane
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import Tools
 from pkobatch.kube.client import Kube
@@ -42,11 +42,13 @@ def dev_environment(
     crds_dir: Path | None,
     max_pods: int,
     image_paths: Mapping[str, Sequence[str]] | None = None,
+    controllers: Sequence[str] = CONTROLLERS,
 ) -> Iterator[DevEnvironment]:
     """A started control plane (``crds_dir`` installed when given) and node agent, whose pods
     get the located Pulumi CLI and plugins first on ``PATH`` and run at most ``max_pods`` at
-    once; ``image_paths`` maps an image to the ``PATH`` entries its pods get instead."""
-    control_plane = ControlPlane(state_dir, tools, crds_dir=crds_dir)
+    once; ``image_paths`` maps an image to the ``PATH`` entries its pods get instead;
+    ``controllers``: what kube-controller-manager runs."""
+    control_plane = ControlPlane(state_dir, tools, crds_dir=crds_dir, controllers=controllers)
     control_plane.start()  # stops what it started when it fails
     stops: list[tuple[str, Callable[[], object]]] = [
         ("stopping the control plane", control_plane.stop)

@@ -22,6 +22,7 @@ from pkobatch.controller.command import controller_command
         # A rate limit that would never let a request through is refused.
         ([], {"PKOBATCH_KUBE_QPS": "0"}, "PKOBATCH_KUBE_QPS"),
         (["--kube-burst", "0"], {}, "PKOBATCH_KUBE_BURST"),
+        ([], {"PKOBATCH_RESYNC_PERIOD": "0s"}, "PKOBATCH_RESYNC_PERIOD"),
     ],
 )
 def test_invalid_settings_exit_2_with_the_variable_named(
