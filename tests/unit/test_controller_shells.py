@@ -164,7 +164,13 @@ def test_scrub_removes_credentials_from_urls() -> None:
     assert "s3cret" not in scrub(text) and "git.example" in scrub(text)
 
 
+BARRIER = "https://g/barrier.git"
+
+
 class FakeGit:
+    """``ls-remote`` of the repositories' heads; ``gate`` holds every call while closed.
+    ``calls`` counts the calls for every repository but ``settle``'s."""
+
     def __init__(self) -> None:
         self.heads = {"refs/heads/main": "1" * 40}
         self.calls = 0
@@ -173,24 +179,42 @@ class FakeGit:
 
     def __call__(self, url: str, ref: str, creds: Any, timeout: float) -> str:
         self.gate.wait(10)
-        self.calls += 1
+        if url != BARRIER:
+            self.calls += 1
         if ref not in self.heads:
             raise PollError(f"{ref} does not exist in the repository")
         return self.heads[ref]
 
 
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
+def poller_of(git: FakeGit, clock: Clock, woken: list[StackKey]) -> GitPoller:
+    """A poller running one fetch at a time, in the order they start (what ``settle`` needs)."""
+    return GitPoller(None, 60.0, woken.append, fetch=git, clock=clock, max_parallel=1)  # type: ignore[arg-type]
+
+
+def wait_for(condition: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 
 
+def settle(poller: GitPoller, woken: list[StackKey]) -> None:
+    """Wait until every fetch started so far has finished and woken its Stacks: a fetch of a
+    new repository, started now, runs after them (one at a time, in order) and wakes its
+    Stack last. Its wake-up is taken out of ``woken`` again."""
+    barrier = StackKey("barrier", f"b{len(woken)}")
+    poller.head(barrier, PollKey(BARRIER, "refs/heads/main", None))
+    poller.poll_due()
+    wait_for(lambda: barrier in woken)
+    poller.forget(barrier)
+    woken.remove(barrier)
+
+
 def test_many_stacks_share_one_ls_remote_per_interval() -> None:
     git = FakeGit()
     woken: list[StackKey] = []
     clock = Clock()
-    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    poller = poller_of(git, clock, woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     stacks = [StackKey("ns", f"s{i}") for i in range(200)]
     for stack in stacks:
@@ -201,11 +225,12 @@ def test_many_stacks_share_one_ls_remote_per_interval() -> None:
     assert {s: poller.head(s, key) for s in stacks} == dict.fromkeys(stacks, SourceHead("1" * 40))
     clock.now = 30
     poller.poll_due()
+    settle(poller, woken)
     assert git.calls == 1
     clock.now = 60
     poller.poll_due()
-    wait_for(lambda: git.calls == 2)
-    time.sleep(0.05)
+    settle(poller, woken)
+    assert git.calls == 2
     assert len(woken) == 200  # same head: nobody is woken
     git.heads["refs/heads/main"] = "2" * 40
     clock.now = 120
@@ -218,19 +243,20 @@ def test_many_stacks_share_one_ls_remote_per_interval() -> None:
 def test_a_poll_in_flight_is_not_repeated_and_never_blocks_head() -> None:
     git = FakeGit()
     git.gate.clear()
+    woken: list[StackKey] = []
     clock = Clock()
-    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=clock)  # type: ignore[arg-type]
+    poller = poller_of(git, clock, woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     poller.head(A, key)
     poller.poll_due()
     clock.now = 120
     poller.poll_due()
-    started = time.monotonic()
     assert poller.head(B, key) == SourceHead()
-    assert time.monotonic() - started < 1
+    # A head() waiting for the fetch would have returned only after the gate's timeout let
+    # the fetch through.
+    assert git.calls == 0
     git.gate.set()
-    wait_for(lambda: git.calls == 1)
-    time.sleep(0.05)
+    settle(poller, woken)
     assert git.calls == 1
     poller.stop()
 
@@ -238,7 +264,7 @@ def test_a_poll_in_flight_is_not_repeated_and_never_blocks_head() -> None:
 def test_poll_errors_are_reported_per_key() -> None:
     git = FakeGit()
     woken: list[StackKey] = []
-    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=Clock())  # type: ignore[arg-type]
+    poller = poller_of(git, Clock(), woken)
     missing = PollKey("https://g/x.git", "refs/heads/nope", None)
     poller.head(A, missing)
     poller.poll_due()
@@ -251,15 +277,16 @@ def test_poll_errors_are_reported_per_key() -> None:
 
 def test_longer_resync_frequency_slows_a_key_down() -> None:
     git = FakeGit()
+    woken: list[StackKey] = []
     clock = Clock()
-    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=clock)  # type: ignore[arg-type]
+    poller = poller_of(git, clock, woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     poller.head(A, key, resync_seconds=600)
     poller.poll_due()
     wait_for(lambda: git.calls == 1)
     clock.now = 120
     poller.poll_due()
-    time.sleep(0.05)
+    settle(poller, woken)
     assert git.calls == 1
     poller.head(B, key)  # a Stack without a preference: the key goes back to 60 s
     poller.poll_due()
@@ -271,7 +298,7 @@ def test_a_change_gets_a_head_fetched_after_it_shared_by_every_stack_asking() ->
     git = FakeGit()
     woken: list[StackKey] = []
     clock = Clock()
-    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    poller = poller_of(git, clock, woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     poller.head(A, key)
     poller.poll_due()
@@ -290,7 +317,7 @@ def test_a_change_gets_a_head_fetched_after_it_shared_by_every_stack_asking() ->
     clock.now = 40
     assert poller.head(B, key, fresh_for=(1, "")) == SourceHead("2" * 40)  # same change
     poller.poll_due()
-    time.sleep(0.05)
+    settle(poller, woken)
     assert git.calls == 2
     # A spec change of B (generation 2) needs a head newer than its moment again.
     assert poller.head(B, key, fresh_for=(2, "")) == SourceHead()
@@ -306,7 +333,7 @@ def test_a_stack_asking_during_a_fetch_waits_for_the_next_one() -> None:
     git.gate.clear()
     woken: list[StackKey] = []
     clock = Clock()
-    poller = GitPoller(None, 60.0, woken.append, fetch=git, clock=clock)  # type: ignore[arg-type]
+    poller = poller_of(git, clock, woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     poller.head(A, key)
     poller.poll_due()  # started at t=0, blocked
@@ -325,13 +352,15 @@ def test_a_stack_asking_during_a_fetch_waits_for_the_next_one() -> None:
 
 def test_forgotten_stacks_are_not_polled_for() -> None:
     git = FakeGit()
-    poller = GitPoller(None, 60.0, lambda key: None, fetch=git, clock=Clock())  # type: ignore[arg-type]
+    woken: list[StackKey] = []
+    poller = poller_of(git, Clock(), woken)
     key = PollKey("https://g/x.git", "refs/heads/main", None)
     poller.head(A, key)
     poller.forget(A)
     poller.poll_due()
-    time.sleep(0.05)
+    settle(poller, woken)
     assert git.calls == 0
+    assert woken == []
     poller.stop()
 
 
