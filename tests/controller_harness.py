@@ -11,7 +11,9 @@ returns a factory writing that SA's kubeconfig.
 
 ``ControllerProcess``: start/kill/restart the controller for one namespace (``env`` overrides
 its settings, e.g. ``PKOBATCH_JOB__COMMAND``); ``metric(name, **labels)`` reads its Prometheus
-endpoint; ``log_text()`` its output.
+endpoint; ``log_text()`` its output; ``caught_up()`` waits until it has reconciled every
+change made so far (to check that a change led to nothing). ``metric(port, ...)`` and
+``caught_up(kube, namespace, port)`` do the same for any controller process.
 
 Stacks: ``apply_stack``, ``stack_spec(repo, pulumi_env)`` (the test program from ``repo`` over
 authenticated HTTP, on the test's file:// backend, credentials and passphrase from the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -119,6 +122,53 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def scrape(port: int) -> str:
+    """The Prometheus endpoint of a controller on 127.0.0.1:``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in scrape(port).splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric_name, _, label_text = series.partition("{")
+        if metric_name != name:
+            continue
+        if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
+            total += float(value)
+    return total
+
+
+def caught_up(kube: Kube, namespace: str, port: int, timeout: float = 180.0) -> None:
+    """Wait until the controller watching ``namespace`` (metrics on ``port``) has reconciled
+    every Stack change made so far, also those that lead to no write: a new suspended Stack
+    shows in its status that the controller reached it (one watch stream, a first-in
+    first-out queue: every earlier change was taken first), then no reconcile is queued or
+    running. The barrier Stack costs the same writes every time."""
+    name = f"barrier-{secrets.token_hex(4)}"
+    apply_stack(kube, namespace, name, {"stack": "dev", "suspend": True})
+    wait_stack(
+        kube,
+        namespace,
+        name,
+        lambda s: condition(s, "Ready").get("reason") == "Suspended",
+        timeout=timeout,
+        what=f"the controller to reach barrier Stack {name}",
+    )
+    wait_until(
+        lambda: (
+            metric(port, "workqueue_depth") == 0
+            and metric(port, "controller_runtime_active_workers") == 0
+        ),
+        timeout=timeout,
+        what="the controller's queue to drain",
+    )
+
+
 class ControllerProcess:
     """``python -m pkobatch.main controller`` for one namespace, as the controller SA."""
 
@@ -184,22 +234,15 @@ class ControllerProcess:
         return False
 
     def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
-            return str(reply.read().decode())
+        return scrape(self.port)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` whose labels include ``labels``."""
-        total = 0.0
-        for line in self.scrape().splitlines():
-            if not line.startswith(name) or line.startswith("#"):
-                continue
-            series, _, value = line.rpartition(" ")
-            metric, _, label_text = series.partition("{")
-            if metric != name:
-                continue
-            if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
-                total += float(value)
-        return total
+        return metric(self.port, name, **labels)
+
+    def caught_up(self, timeout: float = 180.0) -> None:
+        """See ``caught_up``."""
+        caught_up(self.cluster.kube, self.namespace, self.port, timeout)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown of any kind, as when a node dies."""
