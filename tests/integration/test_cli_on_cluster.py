@@ -733,7 +733,9 @@ def test_check_with_a_leader(cli: Callable[..., Result], kube: Kube, namespace: 
     assert checks["controller leader"]["result"] == "ok"
     assert checks["controller leader"]["detail"].startswith("controller-0 (renewed ")
     assert checks["controller deployment"]["result"] == "warning"
-    assert all(c["result"] == "ok" for name, c in checks.items() if name.startswith("rbac: "))
+    rbac = [c for name, c in checks.items() if name.startswith("rbac: ")]
+    assert rbac, f"no RBAC checks among {sorted(checks)}"
+    assert all(c["result"] == "ok" for c in rbac), rbac
 
 
 def test_check_without_a_controller_fails(cli: Callable[..., Result], namespace: str) -> None:
