@@ -1,6 +1,8 @@
-"""The built Pulumi CLI and the PyPI `pulumi` package run the test programs offline with a
-file:// backend through the Automation API: up, preview, refresh (drift), destroy; and the
-runner's workspace sets secret config without a command line showing it."""
+"""Pulumi itself and the test programs, no pkobatch code (``test_pulumi_*``,
+``test_the_*_test_program_*``): the built Pulumi CLI and the PyPI `pulumi` package run the test
+programs offline with a file:// backend through the Automation API: up, preview, refresh
+(drift), destroy. And pkobatch's runner workspace sets secret config without a command line
+showing it."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace
 from pkobatch.runner.stack_config import ConfigItem, plan_config
 
 
-def test_up_preview_refresh_destroy(
+def test_pulumi_runs_the_files_test_program_up_preview_refresh_destroy(
     automation_stack: Callable[..., auto.Stack], pulumi_env: Any
 ) -> None:
     stack = automation_stack(secret_config={"token": "sentinel-7f3a"})
@@ -59,7 +61,7 @@ def test_up_preview_refresh_destroy(
     assert list(files.iterdir()) == []
 
 
-def test_refresh_sees_a_deleted_file(
+def test_pulumi_refresh_of_the_files_test_program_sees_a_deleted_file(
     automation_stack: Callable[..., auto.Stack], pulumi_env: Any
 ) -> None:
     stack = automation_stack(config={"files": "1"})
@@ -73,7 +75,9 @@ def test_refresh_sees_a_deleted_file(
     assert (pulumi_env.files_dir / "file-0.txt").read_text() == "hello 0"
 
 
-def test_many_outputs_variant(automation_stack: Callable[..., auto.Stack]) -> None:
+def test_the_many_outputs_test_program_exports_its_outputs_through_pulumi(
+    automation_stack: Callable[..., auto.Stack],
+) -> None:
     stack = automation_stack("many-outputs", config={"outputCount": "250"})
 
     up = stack.up()
@@ -82,7 +86,9 @@ def test_many_outputs_variant(automation_stack: Callable[..., auto.Stack]) -> No
     assert up.outputs["out249"].value == "value 249"
 
 
-def test_syntax_error_variant_fails(automation_stack: Callable[..., auto.Stack]) -> None:
+def test_the_syntax_error_test_program_fails_in_pulumi(
+    automation_stack: Callable[..., auto.Stack],
+) -> None:
     stack = automation_stack("syntax-error")
 
     with pytest.raises(auto.errors.CommandError) as raised:
