@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
+from pkobatch.dev.processes import wait_until
 from pkobatch.runner.embedded import fallback_env_name
 
 RUN_TIMEOUT = 300
@@ -224,16 +224,24 @@ def test_two_concurrent_ups_one_succeeds_one_conflicts(
 ) -> None:
     repo = git_repo()
     password = {"git/password": git_server.password}
-    slow = runs.manifest(repo.http_url, **basic_auth(git_server), config={"sleepSeconds": "20"})
-    first = runs.start(slow, secrets=password)
+    release = runs.tmp_path / "release-the-first-up"
+    held = runs.manifest(
+        repo.http_url, **basic_auth(git_server), config={"holdUntil": str(release)}
+    )
+    first = runs.start(held, secrets=password)
     locks = Path(pulumi_env.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
-    deadline = time.monotonic() + 120
-    while not any(p.is_file() for p in locks.rglob("*.json")):
-        assert first.poll() is None, "the first up ended before taking the stack lock"
-        assert time.monotonic() < deadline, "the first up never took the stack lock"
-        time.sleep(0.2)
 
-    second, _, second_code = runs.run(slow, secrets=password)
+    def first_holds_the_lock() -> bool:
+        assert first.poll() is None, "the first up ended before taking the stack lock"
+        return any(p.is_file() for p in locks.rglob("*.json"))
+
+    # The first up holds the lock until the second has ended, however long that takes.
+    try:
+        wait_until(first_holds_the_lock, timeout=300, what="the first up to take the stack lock")
+        unheld = runs.manifest(repo.http_url, **basic_auth(git_server))
+        second, _, second_code = runs.run(unheld, secrets=password)
+    finally:
+        release.touch()
     first_result, _, first_code = runs.finish(first)
 
     assert (first_code, first_result.reason) == (0, "Succeeded"), first_result.message

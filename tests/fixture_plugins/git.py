@@ -32,6 +32,7 @@ Function scope
 ``files``: Python program with a ``pulumi.dynamic`` provider managing local files.
 Config ``directory`` (required; where the files go), ``files`` (count, default 2),
 ``content`` (default "hello"), ``sleepSeconds`` (create/update sleep, default 0),
+``holdUntil`` (a path: create/update wait until it exists, at most 10 minutes),
 ``outputCount`` (extra outputs ``out0``..; default 0), secret ``token`` (default
 "default-secret-token"). Outputs ``directory``, ``paths``, ``contents`` and the secret output
 ``token``. ``sleep`` (sleepSeconds defaults to 600), ``many-outputs`` (outputCount defaults to
