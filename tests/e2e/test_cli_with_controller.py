@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from click.testing import Result
+from controller_harness import caught_up
 
 from pkobatch.dev import processes
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
@@ -38,16 +40,23 @@ def runner_rbac(kube: Kube, namespace: str) -> None:
     kube.create(ROLEBINDINGS, binding, namespace)
 
 
+@dataclass
+class Controller:
+    process: subprocess.Popen[bytes]
+    metrics_port: int
+
+
 @pytest.fixture
 def controller(
     cluster: Any, namespace: str, runner_rbac: None, tmp_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[Controller]:
+    metrics_port = processes.free_port()
     env = cluster.env(
         PKOBATCH_KUBECONFIG=str(cluster.kubeconfig),
         PKOBATCH_NAMESPACES=namespace,
         PKOBATCH_JOB__COMMAND=LOCAL_JOB_COMMAND,
         PKOBATCH_JOB__SERVICE_ACCOUNT="pkobatch-runner",
-        PKOBATCH_METRICS_ADDR="0",
+        PKOBATCH_METRICS_ADDR=f"127.0.0.1:{metrics_port}",
         PKOBATCH_HEALTH_ADDR="0",
         PKOBATCH_LOG_FORMAT="text",
     )
@@ -57,7 +66,7 @@ def controller(
         env=env,
     )
     try:
-        yield process
+        yield Controller(process, metrics_port)
     finally:
         processes.stop(process, grace=10)
 
@@ -163,7 +172,7 @@ def test_destroy_holds_the_stack_until_up(
     kube: Kube,
     namespace: str,
     make_stack: Callable[..., JSON],
-    controller: Any,
+    controller: Controller,
     pulumi_env: Any,
 ) -> None:
     make_stack("web")
@@ -179,10 +188,13 @@ def test_destroy_holds_the_stack_until_up(
     jobs_after_destroy = len(kube.list_objects(JOBS, namespace)[0])
     reconciled = cli("describe", "web")
     assert "Held:" in reconciled.stdout
-    # A reconcile of the held Stack starts no update (checked through the Jobs).
     processes.wait_until(
         lambda: "DestroyedOnRequest" in cli("get", "web").stdout, timeout=60, what="held"
     )
+    # A reconcile of the held Stack (a label is a Stack event, not a request) starts no
+    # update (checked through the Jobs).
+    kube.merge_patch(STACKS, "web", {"metadata": {"labels": {"poke": "1"}}}, namespace)
+    caught_up(kube, namespace, controller.metrics_port)
     assert len(kube.list_objects(JOBS, namespace)[0]) == jobs_after_destroy
 
     up = cli("up", "web", "--wait")
