@@ -41,7 +41,6 @@ from sentinels import plant
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, EVENTS, STACKS, Kube
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 
 
