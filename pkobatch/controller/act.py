@@ -44,8 +44,8 @@ from pkobatch.kube.client import (
     STACKS,
     AlreadyExists,
     Forbidden,
+    Invalid,
     Kube,
-    KubeError,
     NotFound,
 )
 
@@ -80,8 +80,9 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch
 
 
-def _terminating(exc: KubeError) -> bool:
-    return "being terminated" in exc.message or "NamespaceTerminating" in exc.message
+# The cause the API server's NamespaceLifecycle admission gives for a create in a namespace
+# being deleted (k8s.io/api/core/v1 NamespaceTerminatingCause).
+NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 
 
 class Actor:
@@ -99,13 +100,11 @@ class Actor:
             self.create_inputs(name, namespace, inputs)
             return
         except Forbidden as exc:
-            if _terminating(exc):
+            if exc.has_cause(NAMESPACE_TERMINATING_CAUSE, "metadata.namespace"):
                 raise NamespaceTerminating(exc.message) from exc
             raise
-        except KubeError as exc:
-            if exc.status == 422:
-                raise JobRejected(exc.message) from exc
-            raise
+        except Invalid as exc:
+            raise JobRejected(exc.message) from exc
         self.create_inputs(name, namespace, inputs, str(created["metadata"]["uid"]))
 
     def create_inputs(

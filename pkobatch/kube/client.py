@@ -151,14 +151,36 @@ def resource_for(api_version: str, kind: str) -> Resource:
         raise ValueError(f"pkobatch does not handle {kind} in {api_version}") from None
 
 
-class KubeError(Exception):
-    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+@dataclass(frozen=True)
+class StatusCause:
+    """One entry of a Status's ``details.causes``: what the API server objected to
+    (``reason``, e.g. ``FieldValueInvalid`` or ``NamespaceTerminating``) and where
+    (``field``, e.g. ``spec.template.spec.containers[0].name``)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    reason: str
+    field: str
+    message: str
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached),
+    ``causes`` the Status's ``details.causes``."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, causes: tuple[StatusCause, ...] = ()
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}" if status else message)
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes
+
+    def has_cause(self, reason: str, field: str | None = None) -> bool:
+        """Whether the API server named ``reason`` (at ``field``, when given) as a cause."""
+        return any(
+            cause.reason == reason and (field is None or cause.field == field)
+            for cause in self.causes
+        )
 
 
 class NotFound(KubeError):
@@ -193,29 +215,45 @@ class Unreachable(KubeError):
     pass
 
 
+def _causes(status_obj: Any) -> tuple[StatusCause, ...]:
+    details = status_obj.get("details") if isinstance(status_obj, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return tuple(
+        StatusCause(
+            str(cause.get("reason") or ""),
+            str(cause.get("field") or ""),
+            str(cause.get("message") or ""),
+        )
+        for cause in causes or ()
+        if isinstance(cause, dict)
+    )
+
+
 def _error_from(status: int, body: bytes | str | None) -> KubeError:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
     reason, message = "", text.strip()
+    causes: tuple[StatusCause, ...] = ()
     try:
         status_obj = json.loads(text)
         reason = str(status_obj.get("reason", ""))
         message = str(status_obj.get("message", message))
+        causes = _causes(status_obj)
     except (ValueError, AttributeError):
         pass
     if status == 404:
-        return NotFound(status, reason or "NotFound", message)
+        return NotFound(status, reason or "NotFound", message, causes)
     if status == 409:
         cls = AlreadyExists if reason == "AlreadyExists" else Conflict
-        return cls(status, reason or "Conflict", message)
+        return cls(status, reason or "Conflict", message, causes)
     if status == 410:
-        return Gone(status, reason or "Expired", message)
+        return Gone(status, reason or "Expired", message, causes)
     if status == 403:
-        return Forbidden(status, reason or "Forbidden", message)
+        return Forbidden(status, reason or "Forbidden", message, causes)
     if status == 401:
-        return Unauthorized(status, reason or "Unauthorized", message)
+        return Unauthorized(status, reason or "Unauthorized", message, causes)
     if status == 422:
-        return Invalid(status, reason or "Invalid", message)
-    return KubeError(status, reason or "Error", message)
+        return Invalid(status, reason or "Invalid", message, causes)
+    return KubeError(status, reason or "Error", message, causes)
 
 
 RequestHook = Callable[[str, str, int], None]
