@@ -8,6 +8,7 @@ them and the global options to the top-level group of ``pkobatch.main``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from pkobatch.cli import actions, diagnostics
 from pkobatch.cli.describe import describe_stack
 from pkobatch.cli.fetch import (
     complete_stack_names,
+    follow_changes,
     get_stack,
     list_runs,
     list_stacks,
@@ -58,7 +60,7 @@ from pkobatch.cli.views import (
     stack_view,
     upcoming_runs,
 )
-from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, Gone
+from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, WatchEvent
 from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
 JSON = dict[str, Any]
@@ -200,6 +202,16 @@ def _watch_stacks(
             emit(changed, header)
         return version
 
+    def changed(event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            current.pop(object_key(event.object), None)
+        else:
+            current[object_key(event.object)] = event.object
+        if display is not None:
+            display.update(render(), refresh=True)
+        else:
+            emit([event.object], header=False)
+
     display = Live(Text(""), console=session.out, auto_refresh=False) if live else None
     try:
         if display is not None:
@@ -207,34 +219,17 @@ def _watch_stacks(
         resource_version = relist()
         if display is not None:
             display.update(render(), refresh=True)
-        while deadline is None or time.monotonic() < deadline:
-            window = 300 if deadline is None else max(1, int(deadline - time.monotonic()))
-            try:
-                stream = session.kube.watch(
-                    STACKS,
-                    namespace,
-                    resource_version=resource_version,
-                    label_selector=selector,
-                    field_selector=field_selector,
-                    timeout_seconds=window,
-                )
-                for event in stream:
-                    version = (event.object.get("metadata") or {}).get("resourceVersion")
-                    resource_version = str(version or resource_version)
-                    if event.type == "BOOKMARK":
-                        continue
-                    if event.type == "DELETED":
-                        current.pop(object_key(event.object), None)
-                    else:
-                        current[object_key(event.object)] = event.object
-                    if display is not None:
-                        display.update(render(), refresh=True)
-                    else:
-                        emit([event.object], header=False)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        stream.stop()
-            except Gone:
-                resource_version = relist()
+        follow_changes(
+            session,
+            STACKS,
+            namespace,
+            resource_version,
+            relist=relist,
+            on_event=changed,
+            deadline=deadline,
+            label_selector=selector,
+            field_selector=field_selector,
+        )
     except KeyboardInterrupt:
         pass
     finally:
@@ -520,39 +515,29 @@ def _watch_events(
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
     related = related_objects(session.kube, namespace, name)
     deadline = None if session.options.timeout is None else time.monotonic() + session.remaining()
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            window = 300 if deadline is None else max(1, int(deadline - time.monotonic()))
-            try:
-                stream = session.kube.watch(
-                    CORE_EVENTS,
-                    namespace,
-                    resource_version=resource_version,
-                    timeout_seconds=window,
-                )
-                for event in stream:
-                    meta = event.object.get("metadata") or {}
-                    resource_version = str(meta.get("resourceVersion") or resource_version)
-                    if (
-                        event.type not in ("ADDED", "MODIFIED")
-                        or _event_id(event.object) in printed
-                    ):
-                        continue
-                    involved = event.object.get("involvedObject") or {}
-                    kind, object_name = str(involved.get("kind")), involved.get("name")
-                    if kind in related and object_name not in related[kind]:
-                        related = related_objects(session.kube, namespace, name)
-                    if (kind == "Stack" and object_name == name) or object_name in related.get(
-                        kind, set()
-                    ):
-                        printed.add(_event_id(event.object))
-                        _print_events(session, [event.object], header=False)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        stream.stop()
-            except Gone:
-                resource_version = _events_resource_version(session, namespace)
-    except KeyboardInterrupt:
-        pass
+
+    def changed(event: WatchEvent) -> None:
+        nonlocal related
+        if event.type not in ("ADDED", "MODIFIED") or _event_id(event.object) in printed:
+            return
+        involved = event.object.get("involvedObject") or {}
+        kind, object_name = str(involved.get("kind")), involved.get("name")
+        if kind in related and object_name not in related[kind]:
+            related = related_objects(session.kube, namespace, name)
+        if (kind == "Stack" and object_name == name) or object_name in related.get(kind, set()):
+            printed.add(_event_id(event.object))
+            _print_events(session, [event.object], header=False)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        follow_changes(
+            session,
+            CORE_EVENTS,
+            namespace,
+            resource_version,
+            relist=lambda: _events_resource_version(session, namespace),
+            on_event=changed,
+            deadline=deadline,
+        )
 
 
 # -- schedule -----------------------------------------------------------------------------

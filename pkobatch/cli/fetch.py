@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import click
@@ -22,9 +24,12 @@ from pkobatch.kube.client import (
     JOBS,
     PODS,
     STACKS,
+    Gone,
     Kube,
     KubeError,
     NotFound,
+    Resource,
+    WatchEvent,
 )
 
 JSON = dict[str, Any]
@@ -130,3 +135,41 @@ def complete_stack_names(
         session.close()
     names = sorted(str((item.get("metadata") or {}).get("name") or "") for item in items)
     return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+
+
+def follow_changes(
+    session: Session,
+    resource: Resource,
+    namespace: str | None,
+    resource_version: str,
+    *,
+    relist: Callable[[], str],
+    on_event: Callable[[WatchEvent], None],
+    deadline: float | None,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+) -> None:
+    """Watch ``resource`` from ``resource_version`` until ``deadline`` (monotonic; None:
+    until interrupted), calling ``on_event`` for every change (not for bookmarks). When the
+    server answers that the version has expired (410), ``relist()`` catches up and returns
+    the version to watch from."""
+    while deadline is None or time.monotonic() < deadline:
+        window = 300 if deadline is None else max(1, int(deadline - time.monotonic()))
+        try:
+            stream = session.kube.watch(
+                resource,
+                namespace,
+                resource_version=resource_version,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                timeout_seconds=window,
+            )
+            for event in stream:
+                version = (event.object.get("metadata") or {}).get("resourceVersion")
+                resource_version = str(version or resource_version)
+                if event.type != "BOOKMARK":
+                    on_event(event)
+                if deadline is not None and time.monotonic() >= deadline:
+                    stream.stop()
+        except Gone:
+            resource_version = relist()
