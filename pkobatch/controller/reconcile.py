@@ -231,9 +231,14 @@ class StackReconciler:
         self._seeded = True
 
         def stack_of(job: Mapping[str, Any]) -> StackKey | None:
+            """The Job's Stack if this controller reconciles it: a Job of a Stack outside
+            its selector or shard (e.g. created before the Stack moved) holds no slot here,
+            as nothing here would ever release it."""
             name = stack_name_of(dict(job))
             namespace = str((job.get("metadata") or {}).get("namespace") or "")
-            return StackKey(namespace, name) if name else None
+            if not name or self._stores.stacks.get(namespace, name) is None:
+                return None
+            return StackKey(namespace, name)
 
         self.admission.seed(self._stores.jobs.list_objects(), stack_of)
 

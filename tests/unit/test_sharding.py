@@ -255,3 +255,16 @@ def test_the_new_owner_relabels_the_running_job_unless_its_cache_is_stale() -> N
         CONFLICT_RETRY
     )
     assert stale.patched == [] and stale.created == []
+
+
+def test_a_running_job_of_a_stack_outside_the_controllers_share_holds_no_run_slot() -> None:
+    """E.g. a Job created before sharding was enabled, whose Stack now belongs to a shard:
+    the main controller still caches it, but never reconciles its Stack to free the slot."""
+    elsewhere = running_job("")
+    elsewhere["metadata"].update(name="moved-up-1", labels={STACK_LABEL: "moved"})
+    elsewhere["metadata"]["ownerReferences"][0].update(name="moved", uid="u2")
+    cluster = Cluster(cached_stack("blue"))
+    reconcile_once(
+        Settings(shard="blue", max_active_jobs=1), cached_stack("blue"), cluster, elsewhere
+    )
+    assert len(cluster.jobs()) == 1
