@@ -1,0 +1,166 @@
+"""Edge cases of the delivery shell (controller/delivery.py) a real receiver shows on demand
+but the end-to-end test does not reach: redirects, error texts, the queue's bookkeeping.
+Real HTTP servers on loopback; the API server is replaced only by the two calls used here
+(reading a Secret, writing status)."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pkobatch.config import NotificationSettings
+from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier
+from pkobatch.controller.events import EventRecorder
+from pkobatch.controller.notify import Receiver
+from pkobatch.kube.client import Kube, NotFound
+
+STACK = {
+    "apiVersion": "pulumi.com/v1",
+    "kind": "Stack",
+    "metadata": {"name": "web", "namespace": "team-a", "uid": "u-1"},
+    "spec": {
+        "stack": "dev",
+        "notifications": {
+            "receivers": [
+                {"name": "ops", "type": "webhook", "secretRef": {"name": "ops-hook"}},
+                {"name": "chat", "type": "slack", "secretRef": {"name": "chat-hook"}},
+            ]
+        },
+    },
+}
+ENTRY = {
+    "event": "run-failed",
+    "time": "2026-11-30T12:00:00Z",
+    "summary": "up web-up-1 failed",
+    "receivers": {"ops": "webhook", "chat": "slack"},
+}
+
+
+class SecretsOnly:
+    """The API calls delivery makes: Secrets by name, status patches recorded."""
+
+    def __init__(self, secrets: dict[str, dict[str, str]]) -> None:
+        self.secrets = secrets
+        self.patches: list[Any] = []
+
+    def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if name not in self.secrets:
+            raise NotFound(404, "NotFound", f'secrets "{name}" not found')
+        data = {k: base64.b64encode(v.encode()).decode() for k, v in self.secrets[name].items()}
+        return {"data": data}
+
+    def merge_patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.patches.append(args)
+        return {}
+
+
+def notifier(kube: SecretsOnly) -> Notifier:
+    settings = NotificationSettings(timeout=timedelta(seconds=5))
+    api = cast(Kube, kube)
+    return Notifier(api, settings, CollectorRegistry(), ["team-a"], EventRecorder(api, "test"))
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[list[str], int, ThreadingHTTPServer]]:
+    """A receiver answering every POST with 302 to /elsewhere; records the paths asked."""
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            paths.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(302)
+            self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield paths, int(httpd.server_address[1]), httpd
+    httpd.shutdown()
+
+
+def delivery(receiver: Receiver) -> Delivery:
+    return Delivery(STACK, "run-failed/web-up-1", ENTRY, receiver, durable=True)
+
+
+def test_a_redirect_is_an_answer_and_is_not_followed(
+    server: tuple[list[str], int, ThreadingHTTPServer],
+) -> None:
+    paths, port, _ = server
+    kube = SecretsOnly({"ops-hook": {"url": f"http://127.0.0.1:{port}/hook"}})
+    with pytest.raises(DeliveryFailed) as failed:
+        notifier(kube)._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+    assert failed.value.status == 302
+    assert paths == ["/hook"]
+
+
+def test_no_answer_names_neither_the_url_nor_the_key() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    url = f"http://127.0.0.1:{port}/hook?token=url-token-1234"
+    kube = SecretsOnly({"ops-hook": {"url": url, "signingKey": "key-5678"}})
+    with pytest.raises(DeliveryFailed) as failed:
+        notifier(kube)._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+    assert failed.value.status is None
+    text = str(failed.value)
+    assert text.startswith("no answer:")
+    assert "url-token-1234" not in text and "key-5678" not in text and str(port) not in text
+
+
+def test_a_url_that_is_not_http_is_refused_without_repeating_it() -> None:
+    kube = SecretsOnly({"ops-hook": {"url": "ftp://user:pw-9999@example.com/"}})
+    with pytest.raises(DeliveryFailed, match="must hold an http\\(s\\) URL") as failed:
+        notifier(kube)._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+    assert "pw-9999" not in str(failed.value)
+
+
+def test_a_missing_secret_is_named_and_retried() -> None:
+    with pytest.raises(DeliveryFailed, match="Secret ops-hook does not exist") as failed:
+        notifier(SecretsOnly({}))._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+    assert failed.value.status is None  # no answer: retried
+
+
+def test_an_entry_seen_again_is_queued_once_per_receiver() -> None:
+    notify = notifier(SecretsOnly({}))
+    status = {"notifications": {"pending": {"run-failed/web-up-1": ENTRY}}}
+    notify.track(STACK, status, durable=True)
+    notify.track(STACK, status, durable=True)  # a stale cache shows it again
+    assert notify.depth() == 2  # ops and chat, once each
+
+
+def test_a_receiver_gets_one_delivery_at_a_time() -> None:
+    notify = notifier(SecretsOnly({}))
+    status = {
+        "notifications": {
+            "pending": {
+                "run-failed/web-up-1": {**ENTRY, "receivers": {"ops": "webhook"}},
+                "stalled/x": {**ENTRY, "event": "stalled", "receivers": {"ops": "webhook"}},
+                "run-failed/web-up-2": {**ENTRY, "receivers": {"chat": "slack"}},
+            }
+        }
+    }
+    notify.track(STACK, status, durable=True)
+    now = 1e12
+    first = notify._next_due(now)
+    second = notify._next_due(now)
+    assert first is not None and second is not None
+    targets = {first.delivery.receiver.name, second.delivery.receiver.name}
+    assert targets == {"ops", "chat"}
+    # The other event for "ops" waits while "ops" is busy.
+    assert notify._next_due(now) is None
+    assert notify.depth() == 3
