@@ -151,7 +151,9 @@ class Settings(BaseSettings):
         description="API requests the controller may send at once above kube_qps after a "
         "quiet period (client-go's Burst)",
     )
-    max_active_jobs: int = Field(default=50, ge=1, description="cluster-wide cap on running Jobs")
+    max_active_jobs: int = Field(
+        default=50, ge=1, description="cap on running Jobs (cluster-wide; per shard when sharded)"
+    )
     poll_interval: Duration = Field(
         default=timedelta(seconds=60),
         ge=timedelta(seconds=1),

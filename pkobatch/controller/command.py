@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 @click.option(
     "--max-active-jobs",
     type=int,
-    help="cluster-wide cap on running Jobs [env PKOBATCH_MAX_ACTIVE_JOBS; 50]",
+    help="cap on running Jobs, cluster-wide (per shard when sharded) "
+    "[env PKOBATCH_MAX_ACTIVE_JOBS; 50]",
 )
 @click.option(
     "--metrics-addr", help="Prometheus endpoint, '0' disables [env PKOBATCH_METRICS_ADDR; :8080]"
