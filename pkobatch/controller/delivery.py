@@ -275,8 +275,8 @@ class Notifier:
         for it, which is never written."""
         new = plan.status if plan.status is not None else plan.decided_status
         found = occurrences(stack.get("status") or {}, new, now)
-        if new is None:
-            return None
+        if new is None or not found:
+            return new  # the common case: no event, and no receivers to look up
         outbox, dropped = with_pending(new, found, self.config_for(stack))
         for event_id in dropped:
             log.warning("stack %s: dropped undelivered event %s", _name(stack), event_id)

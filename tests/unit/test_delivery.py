@@ -9,7 +9,7 @@ import base64
 import socket
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from pkobatch.config import NotificationSettings
 from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.notify import Receiver
+from pkobatch.controller.plan import Plan
 from pkobatch.kube.client import Kube, NotFound
 
 STACK = {
@@ -164,3 +165,22 @@ def test_a_receiver_gets_one_delivery_at_a_time() -> None:
     # The other event for "ops" waits while "ops" is busy.
     assert notify._next_due(now) is None
     assert notify.depth() == 3
+
+
+def test_add_events_writes_the_outbox_into_the_plans_status() -> None:
+    notify = notifier(SecretsOnly({}))
+    old = {"lastUpdate": {"name": "web-up-1", "type": "up", "state": "succeeded"}}
+    new = {"lastUpdate": {"name": "web-up-2", "type": "up", "state": "failed", "message": "x"}}
+    plan = Plan(status=dict(new))
+    outbox = notify.add_events({**STACK, "status": old}, plan, datetime.now(UTC))
+    assert plan.status is outbox and outbox is not None
+    assert set(outbox["notifications"]["pending"]) == {"run-failed/web-up-2"}
+    # Without receivers (no spec.notifications, no namespace default) nothing is stored.
+    quiet = {**STACK, "spec": {"stack": "dev"}, "status": old}
+    plan = Plan(status=dict(new))
+    assert notify.add_events(quiet, plan, datetime.now(UTC)) == new
+    # A Stack being released: its decided status carries the events, for delivery from memory.
+    released = Plan(status=None, decided_status=dict(new))
+    outbox = notify.add_events({**STACK, "status": old}, released, datetime.now(UTC))
+    assert released.status is None and outbox is not None
+    assert set(outbox["notifications"]["pending"]) == {"run-failed/web-up-2"}
