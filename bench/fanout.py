@@ -262,7 +262,7 @@ def apply_stacks(kube: Any, namespace: str, count: int, applied: Callable[[JSON]
 def result_of(job: JSON, **fields: Any) -> JSON:
     """The RunResult a successful run of ``job`` writes (what ``write-result`` writes)."""
     from pkobatch.api.constants import JOB_STACK_UID_ANNOTATION, RUN_ANNOTATION
-    from pkobatch.runtime.store import stack_name_of
+    from pkobatch.controller.stores import stack_name_of
 
     meta = job["metadata"]
     run = json.loads(meta["annotations"][RUN_ANNOTATION])
@@ -311,12 +311,19 @@ def result_configmap(job: JSON, result: JSON) -> JSON:
     }
 
 
-def complete_status(at: str) -> JSON:
+def running_status(at: str) -> JSON:
+    """What the Job controller records once the Job's pod exists and is ready."""
+    return {"status": {"startTime": at, "active": 1, "ready": 1}}
+
+
+def complete_status(at: str, started: str) -> JSON:
     """A Job status the API server accepts as finished successfully."""
     return {
         "status": {
-            "startTime": at,
+            "startTime": started,
             "completionTime": at,
+            "active": 0,
+            "ready": 0,
             "succeeded": 1,
             "conditions": [
                 {
@@ -337,7 +344,19 @@ def now_rfc3339() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def finish_run(kube: Any, job: JSON) -> None:
+def start_run(kube: Any, job: JSON) -> str:
+    """Mark ``job`` running, as the Job controller would once its pod is ready; the start."""
+    from pkobatch.kube.client import JOBS
+
+    started = now_rfc3339()
+    meta = job["metadata"]
+    kube.merge_patch(
+        JOBS, meta["name"], running_status(started), meta["namespace"], subresource="status"
+    )
+    return started
+
+
+def finish_run(kube: Any, job: JSON, started: str) -> None:
     """What a successful run leaves: its result, then its Job complete."""
     from pkobatch.kube.client import CONFIGMAPS, JOBS, AlreadyExists
 
@@ -347,7 +366,7 @@ def finish_run(kube: Any, job: JSON) -> None:
     kube.merge_patch(
         JOBS,
         job["metadata"]["name"],
-        complete_status(now_rfc3339()),
+        complete_status(now_rfc3339(), started),
         namespace,
         subresource="status",
     )
@@ -368,19 +387,20 @@ class JobWatch:
         self._stream: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.errors: list[str] = []
-        # Runs are held until ``release()``: while the fan-out is timed, the controller
-        # makes only the writes before a run, as the baseline does.
+        # Runs start at once (as the Job controller and a kubelet would start them) but
+        # are held, running, until ``release()``: while the fan-out is timed, the
+        # controller makes only the writes before a run, as the baseline does.
         self._gate = threading.Event()
-        self._held: list[JSON] = []
+        self._held: list[tuple[JSON, str]] = []
 
     def release(self) -> None:
-        """Finish the held runs, and every later one as soon as it is seen."""
+        """Finish the held runs, and every later one as soon as it has started."""
         with self._lock:
             self._gate.set()
             held, self._held = self._held, []
         if self._runner is not None:
-            for job in held:
-                self._runner.submit(self._finish, job)
+            for job, started in held:
+                self._runner.submit(self._finish, job, started)
 
     def start(self) -> None:
         self._thread.start()
@@ -404,8 +424,8 @@ class JobWatch:
 
     def _run(self) -> None:
         from pkobatch.api.constants import RUN_ANNOTATION
+        from pkobatch.controller.stores import stack_name_of
         from pkobatch.kube.client import JOBS, KubeError
-        from pkobatch.runtime.store import stack_name_of
 
         version = ""
         while not self._stop.is_set():
@@ -432,11 +452,7 @@ class JobWatch:
                     )
                     history = str(run.get("trigger", "")).startswith(HISTORY_TRIGGER)
                     if self._runner is not None and not finished and not history:
-                        with self._lock:
-                            if self._gate.is_set():
-                                self._runner.submit(self._finish, event.object)
-                            else:
-                                self._held.append(event.object)
+                        self._runner.submit(self._start, event.object)
             except KubeError as exc:
                 if self._stop.is_set():
                     return
@@ -444,10 +460,22 @@ class JobWatch:
                     version = ""
                 time.sleep(0.5)
 
-    def _finish(self, job: JSON) -> None:
+    def _start(self, job: JSON) -> None:
         try:
-            finish_run(self._kube, job)
+            started = start_run(self._kube, job)
         except Exception as exc:  # reported at the end; a benchmark must not hide errors
+            self.errors.append(f"{job['metadata']['name']}: {exc}")
+            return
+        with self._lock:
+            if not self._gate.is_set():
+                self._held.append((job, started))
+                return
+        self._finish(job, started)
+
+    def _finish(self, job: JSON, started: str) -> None:
+        try:
+            finish_run(self._kube, job, started)
+        except Exception as exc:
             self.errors.append(f"{job['metadata']['name']}: {exc}")
 
 
@@ -654,7 +682,7 @@ def add_history(kube: Any, count: int, runs: int, workers: int) -> None:
             kube.merge_patch(
                 JOBS,
                 created["metadata"]["name"],
-                complete_status("2026-01-01T00:00:00Z"),
+                complete_status("2026-01-01T00:05:00Z", "2026-01-01T00:00:00Z"),
                 BENCH_NS,
                 subresource="status",
             )
@@ -849,6 +877,8 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=8, help="pods the node agent runs at once")
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
+    # Stopped from outside, still stop the control plane and the controller on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from pkobatch.api.durations import parse_duration
     from pkobatch.dev.controlplane import CONTROLLERS, default_crds_dir
