@@ -13,7 +13,6 @@ from pkobatch.controller.events import EventRecorder
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, JOBS, NAMESPACES, Invalid, Kube, NotFound
 
-pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 HOLD = "pkobatch.io/test-hold"
 
