@@ -31,6 +31,7 @@ import yaml
 from pydantic import Field
 
 from pkobatch.api.stack import Int64, _Model
+from pkobatch.api.timestamps import format_time
 
 PROGRAM_KIND: Final = "Program"
 PROGRAM_LIST_KIND: Final = "ProgramList"
@@ -144,7 +145,7 @@ def program_artifact(program: Mapping[str, Any], now: datetime) -> Artifact:
     path = f"programs/{namespace}/{name}/{revision}"
     return Artifact(
         digest="sha256:" + hashlib.sha256(rendered).hexdigest(),
-        last_update_time=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        last_update_time=format_time(now),
         path=path,
         revision=revision,
         size=len(rendered),

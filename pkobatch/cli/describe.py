@@ -13,6 +13,8 @@ from typing import Any, Final
 
 from rich.text import Text
 
+from pkobatch.api.objects import conditions_of
+from pkobatch.api.timestamps import parse_time
 from pkobatch.cli.render import (
     EVENT_HEADERS,
     NONE,
@@ -32,8 +34,6 @@ from pkobatch.cli.views import (
     DRIFT_CHECK,
     SCHEDULE,
     ScheduledRun,
-    conditions,
-    parse_time,
     stack_view,
 )
 
@@ -112,7 +112,7 @@ def _condition_lines(stack: Mapping[str, Any], now: datetime) -> list[Text]:
             age(parse_time(c.get("lastTransitionTime")), now),
             " ".join(str(c.get("message") or "").split()),
         ]
-        for c in conditions(stack)
+        for c in conditions_of(stack)
     ]
     if not rows:
         return []

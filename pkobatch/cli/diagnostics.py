@@ -17,10 +17,10 @@ from rich.text import Text
 from pkobatch import __version__
 from pkobatch.api.constants import CRD_NAME, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.api.crd import generate_crd
+from pkobatch.api.timestamps import parse_time
 from pkobatch.cli.render import format_table, human_duration
 from pkobatch.cli.runs import read_result
 from pkobatch.cli.session import Session, command, describe_unreachable, exit_failed, now
-from pkobatch.cli.views import parse_time
 from pkobatch.kube.client import (
     CONFIGMAPS,
     CRDS,

@@ -17,7 +17,8 @@ from typing import Any, Final
 
 from rich.text import Text
 
-from pkobatch.cli.views import RUNNING, StackView, first_line, parse_time
+from pkobatch.api.timestamps import parse_time
+from pkobatch.cli.views import RUNNING, StackView, first_line
 
 NONE: Final = "-"
 COLUMN_GAP: Final = "   "

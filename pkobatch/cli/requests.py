@@ -29,8 +29,9 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
 )
+from pkobatch.api.objects import condition_of
 from pkobatch.cli.runs import RunRecord
-from pkobatch.cli.views import find_condition, operation_request, stack_view
+from pkobatch.cli.views import operation_request, stack_view
 from pkobatch.kube.client import STACKS, Conflict, Kube
 
 JSON = dict[str, Any]
@@ -140,9 +141,7 @@ def reconcile_progress(stack: Mapping[str, Any], token: str) -> Progress:
     last = status.get("lastUpdate") or {}
     current = status.get("currentUpdate") or {}
     if last.get("reconcileRequest") == token and current.get("reconcileRequest") != token:
-        ready = find_condition(
-            [c for c in status.get("conditions") or [] if isinstance(c, dict)], CONDITION_READY
-        )
+        ready = condition_of(stack, CONDITION_READY)
         is_ready = ready is not None and ready.get("status") == "True"
         return Progress(
             phase="Ready" if is_ready else "NotReady",

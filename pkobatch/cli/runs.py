@@ -18,8 +18,10 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from pkobatch.api.constants import OPERATION_LABEL, RESULT_KEY, RUN_ANNOTATION
+from pkobatch.api.objects import true_condition
 from pkobatch.api.run import RunResult
-from pkobatch.cli.views import RUNNING, parse_time
+from pkobatch.api.timestamps import parse_time
+from pkobatch.cli.views import RUNNING
 
 PENDING: Final = "pending"
 SUCCEEDED: Final = "succeeded"
@@ -66,19 +68,12 @@ def read_result(configmap: Mapping[str, Any]) -> RunResult | None:
         return None
 
 
-def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return condition  # type: ignore[no-any-return]
-    return None
-
-
 def _job_state(job: Mapping[str, Any]) -> tuple[str, str, str]:
     """(state, reason, message) of a Job that has no readable result."""
-    failed = _job_condition(job, "Failed")
+    failed = true_condition(job, "Failed")
     if failed is not None:
         return FAILED, str(failed.get("reason") or "JobFailed"), str(failed.get("message") or "")
-    if _job_condition(job, "Complete") is not None:
+    if true_condition(job, "Complete") is not None:
         return FAILED, "NoResult", "the run ended without writing a result"
     status = job.get("status") or {}
     if status.get("active"):
@@ -121,7 +116,7 @@ def _record_from_job(name: str, job: Mapping[str, Any]) -> RunRecord:
         created=parse_time(metadata.get("creationTimestamp")),
         started=parse_time(status.get("startTime")),
         finished=parse_time(status.get("completionTime"))
-        or parse_time((_job_condition(job, "Failed") or {}).get("lastTransitionTime")),
+        or parse_time((true_condition(job, "Failed") or {}).get("lastTransitionTime")),
     )
 
 

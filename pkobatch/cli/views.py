@@ -20,18 +20,10 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
 )
 from pkobatch.api.cron import next_times
+from pkobatch.api.objects import condition_in, conditions_of
+from pkobatch.api.timestamps import parse_time
 
 RUNNING: Final = "running"
-
-
-def parse_time(value: Any) -> datetime | None:
-    """A Kubernetes timestamp (RFC 3339, 'Z' suffix) as an aware datetime, or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -40,15 +32,6 @@ def _dict(value: Any) -> dict[str, Any]:
 
 def _str(value: Any) -> str:
     return "" if value is None else str(value)
-
-
-def conditions(stack: Mapping[str, Any]) -> list[dict[str, Any]]:
-    items = _dict(stack.get("status")).get("conditions")
-    return [c for c in items if isinstance(c, dict)] if isinstance(items, list) else []
-
-
-def find_condition(items: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
-    return next((c for c in items if c.get("type") == kind), None)
 
 
 @dataclass(frozen=True)
@@ -108,10 +91,10 @@ def operation_request(stack: Mapping[str, Any]) -> OperationRequestView | None:
 def _headline(items: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     """The condition that explains the Stack best: Stalled, else Reconciling, else Ready."""
     for kind in (CONDITION_STALLED, CONDITION_RECONCILING):
-        condition = find_condition(items, kind)
+        condition = condition_in(items, kind)
         if condition is not None and condition.get("status") == "True":
             return condition
-    return find_condition(items, CONDITION_READY) or {}
+    return condition_in(items, CONDITION_READY) or {}
 
 
 def first_line(text: str) -> str:
@@ -124,8 +107,8 @@ def stack_view(stack: Mapping[str, Any]) -> StackView:
     status = _dict(stack.get("status"))
     last = _dict(status.get("lastUpdate"))
     current = _dict(status.get("currentUpdate"))
-    items = conditions(stack)
-    ready = find_condition(items, CONDITION_READY)
+    items = conditions_of(stack)
+    ready = condition_in(items, CONDITION_READY)
     headline = _headline(items)
     request = operation_request(stack)
     current_run = _str(current.get("name"))

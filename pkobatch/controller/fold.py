@@ -55,7 +55,7 @@ from pkobatch.api.constants import (
     RESULT_KEY,
 )
 from pkobatch.api.messages import bound_message
-from pkobatch.api.objects import JSON
+from pkobatch.api.objects import JSON, job_finished, true_condition
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
 from pkobatch.api.stack import Condition
 from pkobatch.api.status import (
@@ -83,17 +83,6 @@ JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
 POD_CREATION_FAILED: Final = "PodCreationFailed"
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
 _OUTPUT_KEY_INVALID: Final = re.compile(r"[^-._a-zA-Z0-9]")
-
-
-def _condition(job: Mapping[str, Any], condition_type: str) -> Mapping[str, Any] | None:
-    for condition in (job.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == condition_type and condition.get("status") == "True":
-            return dict(condition)
-    return None
-
-
-def job_finished(job: Mapping[str, Any]) -> bool:
-    return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
 
 
 def job_deleting(job: Mapping[str, Any]) -> bool:
@@ -255,7 +244,7 @@ def pod_status_matters(job: Mapping[str, Any], now: datetime) -> bool:
     result: it failed, or its pod has not become ready within ``POD_START_LIMIT``."""
     if job_deleting(job):
         return False
-    if _condition(job, "Failed") is not None:
+    if true_condition(job, "Failed") is not None:
         return True
     status = job.get("status") or {}
     if job_finished(job) or status.get("ready") or not status.get("active"):
@@ -362,8 +351,8 @@ def job_outcome(
     what the finished Job and its pod (``pods``: the Job's pods, when it failed without a
     result) say; None while it runs."""
     result, problem = read_result(configmap, job, stack_uid)
-    complete = _condition(job, "Complete")
-    failed = _condition(job, "Failed")
+    complete = true_condition(job, "Complete")
+    failed = true_condition(job, "Failed")
     ended = complete or failed or {}
     finished_at = parse_time(ended.get("lastTransitionTime")) or now
     if result is not None:

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
+from pkobatch.api.objects import condition_of
 from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
 from pkobatch.api.status import last_drift_check, last_update
 from pkobatch.api.timestamps import format_time
@@ -86,13 +87,6 @@ class Receiver:
 
 
 # -- which events -------------------------------------------------------------------------
-
-
-def _condition(status: Mapping[str, Any], condition_type: str) -> Mapping[str, Any]:
-    for condition in status.get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("type") == condition_type:
-            return condition
-    return {}
 
 
 def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
@@ -144,8 +138,8 @@ def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> lis
 
 
 def _drift_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
-    before = _condition(old, CONDITION_DRIFTED)
-    after = _condition(new, CONDITION_DRIFTED)
+    before = condition_of({"status": old}, CONDITION_DRIFTED) or {}
+    after = condition_of({"status": new}, CONDITION_DRIFTED) or {}
     if after.get("status") != "True" or before.get("status") == "True":
         return []
     check = last_drift_check(new)
@@ -164,8 +158,8 @@ def _drift_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
 
 
 def _stall_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> list[Occurrence]:
-    before = _condition(old, CONDITION_STALLED)
-    after = _condition(new, CONDITION_STALLED)
+    before = condition_of({"status": old}, CONDITION_STALLED) or {}
+    after = condition_of({"status": new}, CONDITION_STALLED) or {}
     reason = str(after.get("reason") or "")
     if after.get("status") != "True" or reason == SUSPENDED_REASON:
         return []

@@ -36,11 +36,11 @@ from pkobatch.api.constants import (
     JOB_STACK_UID_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
 )
+from pkobatch.api.objects import job_finished, owned_by
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.config import Settings
 from pkobatch.controller.fold import (
     JOB_CONTROLLER_UID_LABEL,
-    job_finished,
     job_without_pod,
     pod_status_matters,
 )
@@ -73,11 +73,13 @@ def _event_time(event: Mapping[str, Any]) -> str:
     )
 
 
-def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+def of_stack(obj: Mapping[str, Any], uid: str) -> bool:
+    """``obj`` is a run of the Stack with ``uid``: owned by it, or (a Job the garbage
+    collector must not tie to the Stack) annotated with its UID."""
     meta = obj.get("metadata") or {}
-    if (meta.get("annotations") or {}).get(JOB_STACK_UID_ANNOTATION) == uid:
-        return True
-    return any(owner.get("uid") == uid for owner in meta.get("ownerReferences") or ())
+    return (meta.get("annotations") or {}).get(JOB_STACK_UID_ANNOTATION) == uid or owned_by(
+        obj, uid
+    )
 
 
 def run_awaited_for(stack: Mapping[str, Any]) -> tuple[int, str] | None:
@@ -129,7 +131,7 @@ class Observer:
         jobs = {
             str(job["metadata"]["name"]): job
             for job in self._stores.jobs.for_owner(key.namespace, key.name)
-            if job.get("kind", "Job") == "Job" and owned_by(job, uid)
+            if job.get("kind", "Job") == "Job" and of_stack(job, uid)
         }
         results = {
             str(cm["metadata"]["name"]): cm
@@ -138,7 +140,7 @@ class Observer:
         current = str(((stack.get("status") or {}).get("currentUpdate") or {}).get("name") or "")
         if current and current not in jobs:
             live = self._get(JOBS, current, key.namespace)
-            if live is not None and owned_by(live, uid):
+            if live is not None and of_stack(live, uid):
                 jobs[current] = live
         job = jobs.get(current)
         if job is not None and job_finished(job) and current not in results:

@@ -85,6 +85,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
+from pkobatch.api.objects import job_finished
 from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, split_request
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
@@ -104,7 +105,6 @@ from pkobatch.controller.fold import (
     changes_stack,
     fold_run,
     job_deleting,
-    job_finished,
     job_outcome,
     job_without_pod,
     pod_creation_outcome,

@@ -25,10 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from pkobatch.api.objects import job_finished
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
 from pkobatch.controller.delivery import Notifier
 from pkobatch.controller.events import EventRecorder
-from pkobatch.controller.fold import job_finished, metric_result
+from pkobatch.controller.fold import metric_result
 from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_template
 from pkobatch.controller.observe import Observer
 from pkobatch.controller.plan import Observed, Plan, plan

@@ -26,7 +26,7 @@ from pkobatch.api.constants import (
     CONDITION_STALLED,
     OPERATIONS,
 )
-from pkobatch.controller.fold import job_finished
+from pkobatch.api.objects import condition_of, job_finished, true_condition
 from pkobatch.controller.stores import Stores
 
 JSON = dict[str, Any]
@@ -128,7 +128,7 @@ class _StoreCollector:
             status = stack.get("status") or {}
             last_update = status.get("lastUpdate") or {}
             key = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
-            ready = _condition(status, CONDITION_READY)
+            ready = condition_of(stack, CONDITION_READY) or {}
             info.add_metric(
                 [
                     *key,
@@ -140,10 +140,12 @@ class _StoreCollector:
                 1.0,
             )
             failing.add_metric(key, 1.0 if last_update.get("state") == "failed" else 0.0)
-            reconciling.add_metric(key, _true(_condition(status, CONDITION_RECONCILING)))
-            stall = _condition(status, CONDITION_STALLED)
-            stalled.add_metric([*key, str(stall.get("reason", ""))], _true(stall))
-            drifted.add_metric(key, _true(_condition(status, CONDITION_DRIFTED)))
+            reconciling.add_metric(key, _true(stack, CONDITION_RECONCILING))
+            stall = condition_of(stack, CONDITION_STALLED) or {}
+            stalled.add_metric(
+                [*key, str(stall.get("reason", ""))], _true(stack, CONDITION_STALLED)
+            )
+            drifted.add_metric(key, _true(stack, CONDITION_DRIFTED))
             failures.add_metric(key, float(last_update.get("failures") or 0))
         active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
         active_stacks.add_metric([], float(len(stacks)))
@@ -163,10 +165,5 @@ class _StoreCollector:
         return iter(())
 
 
-def _condition(status: JSON, condition_type: str) -> JSON:
-    conditions = status.get("conditions") or ()
-    return next((c for c in conditions if c.get("type") == condition_type), {})
-
-
-def _true(condition: JSON) -> float:
-    return 1.0 if condition.get("status") == "True" else 0.0
+def _true(stack: JSON, condition_type: str) -> float:
+    return 1.0 if true_condition(stack, condition_type) is not None else 0.0

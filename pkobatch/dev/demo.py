@@ -37,6 +37,7 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RESULT_KEY,
 )
+from pkobatch.api.objects import condition_of, true_condition
 from pkobatch.dev import supervisor
 from pkobatch.dev.controlplane import repo_root
 from pkobatch.dev.processes import wait_until
@@ -69,13 +70,6 @@ def _git(*args: str, cwd: Path) -> str:
     if done.returncode != 0:
         raise DemoFailed(f"git {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout.strip()
-
-
-def _condition(stack: JSON, kind: str) -> JSON:
-    for condition in (stack.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return dict(condition)
-    return {}
 
 
 @dataclass
@@ -221,7 +215,7 @@ class Demo:
         def done(stack: JSON) -> bool:
             status = stack.get("status") or {}
             last = status.get("lastUpdate") or {}
-            if _condition(stack, CONDITION_STALLED).get("status") == "True":
+            if true_condition(stack, CONDITION_STALLED) is not None:
                 return True
             return (
                 last.get("type") == "up"
@@ -232,10 +226,10 @@ class Demo:
         stack = self._watch("the up", done)
         last = (stack.get("status") or {}).get("lastUpdate") or {}
         if last.get("type") != "up" or last.get("state") != "succeeded":
-            stalled = _condition(stack, CONDITION_STALLED)
+            stalled = condition_of(stack, CONDITION_STALLED) or {}
             why = last.get("message") or stalled.get("message") or "no message"
             raise DemoFailed(f"the up did not succeed: {why}{self._where_to_look(last)}")
-        if _condition(stack, CONDITION_READY).get("status") != "True":
+        if true_condition(stack, CONDITION_READY) is None:
             raise DemoFailed(f"the up succeeded but the Stack is not Ready: {stack.get('status')}")
         self._print_stack(stack, "up")
 
@@ -348,7 +342,7 @@ class Demo:
         table = Table.grid(padding=(0, 2))
         table.add_row("waiting for", Text(what, style="bold"))
         for kind in (CONDITION_READY, "Reconciling", CONDITION_STALLED):
-            condition = _condition(stack, kind)
+            condition = condition_of(stack, kind)
             if condition:
                 table.add_row(
                     kind, f"{condition.get('status')} {condition.get('reason', '')}".strip()
@@ -366,7 +360,7 @@ class Demo:
         summary.add_column(style="bold")
         summary.add_column()
         for kind in (CONDITION_READY, CONDITION_STALLED):
-            condition = _condition(stack, kind)
+            condition = condition_of(stack, kind)
             if condition:
                 summary.add_row(kind, f"{condition.get('status')} ({condition.get('reason', '')})")
         summary.add_row(

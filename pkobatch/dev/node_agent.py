@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from pkobatch.api.timestamps import format_time
 from pkobatch.dev import processes
 from pkobatch.dev.container_logs import ContainerLog, ContainerLogServer, KubeletTls
 from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
@@ -118,7 +119,7 @@ _SHUTDOWN_API_TIMEOUT: Final = (3.0, 5.0)
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.datetime.now(datetime.UTC))
 
 
 def _exit_code(returncode: int) -> int:

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from pkobatch.api.objects import owned_by
 from pkobatch.api.run import SNAPSHOT_KEY, RunResult, StackRef, snapshot_sha256
+from pkobatch.api.timestamps import parse_time
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
@@ -69,9 +71,8 @@ def job_deadline(job: dict[str, Any]) -> datetime | None:
     started = (job.get("status") or {}).get("startTime")
     if not seconds or not started:
         return None
-    return datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(
-        seconds=int(seconds)
-    )
+    started_at = parse_time(started)
+    return None if started_at is None else started_at + timedelta(seconds=int(seconds))
 
 
 class _Connection:
@@ -229,11 +230,6 @@ class ResultWriter:
         self._connection.close()
 
 
-def owned_by_stack(obj: dict[str, Any], stack: StackRef) -> bool:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return any(owner.get("uid") == stack.uid for owner in owners)
-
-
 class OutputsWriter:
     """Writes and deletes the ConfigMap and Secret of ``spec.exportOutputs``; an object of the
     same name that the Stack does not own is never changed or deleted."""
@@ -286,7 +282,7 @@ class OutputsWriter:
                 return
             except AlreadyExists:
                 existing = kube.get(resource, target.name, self.namespace)
-            if not owned_by_stack(existing, stack):
+            if not owned_by(existing, stack.uid):
                 raise ExportFailed(self._not_owned(target, stack))
             replacement = {**body, "metadata": {**metadata}}
             replacement["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
@@ -332,7 +328,7 @@ class OutputsWriter:
         def delete(kube: Kube) -> str:
             try:
                 existing = kube.get(resource, target.name, self.namespace)
-                if not owned_by_stack(existing, stack):
+                if not owned_by(existing, stack.uid):
                     return self._not_owned(target, stack)
                 kube.delete(resource, target.name, self.namespace, uid=existing["metadata"]["uid"])
             except NotFound:

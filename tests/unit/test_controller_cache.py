@@ -23,7 +23,7 @@ from pkobatch.controller.cache import (
     folded_result,
 )
 from pkobatch.controller.jobs import Run, builtin_template
-from pkobatch.controller.observe import owned_by
+from pkobatch.controller.observe import of_stack
 from pkobatch.controller.plan import Observed, Plan, plan
 from pkobatch.controller.stores import stack_name_of
 
@@ -115,7 +115,7 @@ def test_a_job_keeps_what_the_controller_reads_and_loses_its_pod_template() -> N
     job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     cached = cache_job(job)
     assert Run.from_job(cached) == Run.from_job(job) is not None
-    assert owned_by(cached, "stack-uid") and stack_name_of(cached) == "app"
+    assert of_stack(cached, "stack-uid") and stack_name_of(cached) == "app"
     assert cached["metadata"]["deletionTimestamp"] == "2026-01-01T00:00:00Z"
     assert cached["spec"] == {"activeDeadlineSeconds": job["spec"]["activeDeadlineSeconds"]}
     assert cached["status"] == job["status"]
