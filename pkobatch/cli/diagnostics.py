@@ -37,6 +37,10 @@ from pkobatch.kube.client import (
 JSON = dict[str, Any]
 CONTROLLER_NAMESPACE: Final = "pkobatch-system"
 CONTROLLER_NAME: Final = "pkobatch-controller"
+# How deploy/ labels the Deployment of a controller shard (docs/sharding.md).
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+SHARD_COMPONENT: Final = "controller-shard"
+CONTROLLER_SHARD_LABEL: Final = "pkobatch.io/controller-shard"
 CONTROLLER_CONTAINER: Final = "controller"
 OK: Final = "ok"
 WARNING: Final = "warning"
@@ -201,31 +205,50 @@ def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]
         )
     except Forbidden:
         checks.append(Check("controller deployment", WARNING, "not allowed to read it"))
-    try:
-        lease = lease_state(kube.get(LEASES, CONTROLLER_NAME, namespace), now)
-        if lease.expired:
-            checks.append(
-                Check(
-                    "controller leader",
-                    FAIL,
-                    f"Lease {namespace}/{CONTROLLER_NAME} is not held: no controller is running",
-                )
-            )
-        else:
-            since = human_duration(now - lease.renewed) if lease.renewed else "?"
-            checks.append(Check("controller leader", OK, f"{lease.holder} (renewed {since} ago)"))
-    except NotFound:
+    checks.append(_leader_check(kube, namespace, CONTROLLER_NAME, "controller leader", now))
+    for shard in _controller_shards(kube, namespace):
         checks.append(
-            Check(
-                "controller leader",
-                FAIL,
-                f"no Lease {namespace}/{CONTROLLER_NAME}: the controller is not running "
-                "(or runs without leader election, or in another --controller-namespace)",
+            _leader_check(
+                kube, namespace, f"{CONTROLLER_NAME}-{shard}", f"shard {shard} leader", now
             )
         )
-    except Forbidden:
-        checks.append(Check("controller leader", WARNING, "not allowed to read its Lease"))
     return checks
+
+
+def _controller_shards(kube: Kube, namespace: str) -> list[str]:
+    """The controller shards installed in ``namespace`` (their Deployments' label,
+    docs/sharding.md); none when the user may not list Deployments there."""
+    try:
+        deployments, _ = kube.list_objects(
+            DEPLOYMENTS, namespace, label_selector=f"{COMPONENT_LABEL}={SHARD_COMPONENT}"
+        )
+    except Forbidden:
+        return []
+    shards = {
+        str(((d.get("metadata") or {}).get("labels") or {}).get(CONTROLLER_SHARD_LABEL) or "")
+        for d in deployments
+    }
+    return sorted(shards - {""})
+
+
+def _leader_check(kube: Kube, namespace: str, lease_name: str, check: str, now: datetime) -> Check:
+    try:
+        lease = lease_state(kube.get(LEASES, lease_name, namespace), now)
+    except NotFound:
+        return Check(
+            check,
+            FAIL,
+            f"no Lease {namespace}/{lease_name}: the controller is not running "
+            "(or runs without leader election, or in another --controller-namespace)",
+        )
+    except Forbidden:
+        return Check(check, WARNING, "not allowed to read its Lease")
+    if lease.expired:
+        return Check(
+            check, FAIL, f"Lease {namespace}/{lease_name} is not held: no controller is running"
+        )
+    since = human_duration(now - lease.renewed) if lease.renewed else "?"
+    return Check(check, OK, f"{lease.holder} (renewed {since} ago)")
 
 
 def access_review(group: str, resource: str, verb: str, namespace: str | None) -> JSON:
@@ -279,8 +302,8 @@ Examples:
 @CONTROLLER_NAMESPACE_OPTION
 def check_command(controller_namespace: str) -> None:
     """Check that the API server answers, the Stack CRD is installed and matches this CLI,
-    the controller runs and holds its leader Lease, and what you may do in the namespace.
-    Exits 1 if any check fails."""
+    the controller runs and holds its leader Lease (as does each controller shard), and what
+    you may do in the namespace. Exits 1 if any check fails."""
     session = Session.current()
     session.require_output("table", "json", "yaml")
     kube = session.kube

@@ -677,13 +677,15 @@ def test_stack_names_complete(cluster: Any, kube: Kube, namespace: str, three_st
 # -- check, version ---------------------------------------------------------------------------
 
 
-def _lease(kube: Kube, namespace: str, renewed: datetime) -> None:
+def _lease(
+    kube: Kube, namespace: str, renewed: datetime, name: str = "pkobatch-controller"
+) -> None:
     kube.create(
         LEASES,
         {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": "pkobatch-controller"},
+            "metadata": {"name": name},
             "spec": {
                 "holderIdentity": "controller-0",
                 "leaseDurationSeconds": 35,
@@ -694,14 +696,19 @@ def _lease(kube: Kube, namespace: str, renewed: datetime) -> None:
     )
 
 
-def _deployment(kube: Kube, namespace: str) -> None:
-    labels = {"app.kubernetes.io/name": "pkobatch"}
+def _deployment(
+    kube: Kube,
+    namespace: str,
+    name: str = "pkobatch-controller",
+    extra_labels: dict[str, str] | None = None,
+) -> None:
+    labels = {"app.kubernetes.io/name": "pkobatch", **(extra_labels or {})}
     kube.create(
         DEPLOYMENTS,
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "pkobatch-controller"},
+            "metadata": {"name": name, "labels": labels},
             "spec": {
                 "replicas": 1,
                 "selector": {"matchLabels": labels},
@@ -736,6 +743,31 @@ def test_check_with_a_leader(cli: Callable[..., Result], kube: Kube, namespace: 
     rbac = [c for name, c in checks.items() if name.startswith("rbac: ")]
     assert rbac, f"no RBAC checks among {sorted(checks)}"
     assert all(c["result"] == "ok" for c in rbac), rbac
+
+
+def test_check_names_each_controller_shard_without_a_leader(
+    cli: Callable[..., Result], kube: Kube, namespace: str
+) -> None:
+    _lease(kube, namespace, datetime.now(UTC))
+    for shard in ("blue", "green"):
+        shard_labels = {
+            "app.kubernetes.io/component": "controller-shard",
+            "pkobatch.io/controller-shard": shard,
+        }
+        _deployment(kube, namespace, f"pkobatch-controller-{shard}", shard_labels)
+    _lease(kube, namespace, datetime.now(UTC), "pkobatch-controller-blue")
+
+    result = cli("check", "--controller-namespace", namespace, "-o", "json")
+
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    assert result.exit_code == 1, result.output
+    assert checks["controller leader"]["result"] == "ok"
+    assert checks["shard blue leader"]["result"] == "ok"
+    assert checks["shard green leader"]["result"] == "FAIL"
+    assert (
+        f"no Lease {namespace}/pkobatch-controller-green"
+        in (checks["shard green leader"]["detail"])
+    )
 
 
 def test_check_without_a_controller_fails(cli: Callable[..., Result], namespace: str) -> None:
