@@ -21,6 +21,7 @@ from pkobatch.api.constants import (
     OPERATIONS,
     RECONCILE_REQUEST_ANNOTATION,
 )
+from pkobatch.api.operation_request import request_value
 from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
 from pkobatch.cli.follow import wait_for
 from pkobatch.cli.render import changes_text, format_table, human_duration
@@ -137,7 +138,7 @@ def request_and_wait(
     wait: bool,
     show_logs: bool,
 ) -> RequestOutcome:
-    value = f"{operation}:{new_token()}"
+    value = request_value(operation, new_token())
     stack, replaced = set_annotation(session.kube, stack, OPERATION_REQUEST_ANNOTATION, value)
     view = stack_view(stack)
     if replaced:

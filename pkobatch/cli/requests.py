@@ -5,7 +5,7 @@ Two annotation protocols, both answered in the Stack's status:
 - ``pkobatch.io/operation-request: "<op>:<token>"`` (up, preview, refresh, destroy,
   cancel). The controller acknowledges it in ``status.operationRequest`` (``request``
   echoes the annotation; ``state`` goes Pending → Running → Succeeded | Failed, or
-  Rejected with a message).
+  Rejected with a message); the protocol is ``pkobatch.api.operation_request``.
 - PKO's ``pulumi.com/reconciliation-request: <token>`` (re-run the normal operation, like
   ``flux reconcile``): ``status.observedReconcileRequest`` says the controller saw it,
   ``status.lastUpdate.reconcileRequest`` that the run for it finished.
@@ -30,12 +30,13 @@ from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
 )
 from pkobatch.api.objects import condition_of
+from pkobatch.api.operation_request import FINAL_REQUEST_STATES
+from pkobatch.api.status import current_update, last_update
 from pkobatch.cli.runs import RunRecord
 from pkobatch.cli.views import operation_request, stack_view
 from pkobatch.kube.client import STACKS, Conflict, Kube
 
 JSON = dict[str, Any]
-FINAL_STATES: Final = ("Succeeded", "Failed", "Rejected")
 _PATCH_ATTEMPTS: Final = 5
 
 
@@ -116,7 +117,7 @@ def operation_progress(stack: Mapping[str, Any], value: str) -> Progress:
                 "controller picked it up",
             )
         return Progress(phase="Waiting for the controller")
-    done = request.state in FINAL_STATES
+    done = request.state in FINAL_REQUEST_STATES
     return Progress(
         phase=request.state or "Pending",
         job_name=request.job_name,
@@ -138,8 +139,8 @@ def reconcile_progress(stack: Mapping[str, Any], token: str) -> Progress:
         )
     if status.get("observedReconcileRequest") != token:
         return Progress(phase="Waiting for the controller")
-    last = status.get("lastUpdate") or {}
-    current = status.get("currentUpdate") or {}
+    last = last_update(status)
+    current = current_update(status)
     if last.get("reconcileRequest") == token and current.get("reconcileRequest") != token:
         ready = condition_of(stack, CONDITION_READY)
         is_ready = ready is not None and ready.get("status") == "True"

@@ -14,7 +14,6 @@ first (its finalizer destroys what it created), so every run starts from nothing
 
 from __future__ import annotations
 
-import datetime
 import json
 import secrets
 import shutil
@@ -38,6 +37,9 @@ from pkobatch.api.constants import (
     RESULT_KEY,
 )
 from pkobatch.api.objects import condition_of, true_condition
+from pkobatch.api.operation_request import request_value
+from pkobatch.api.status import current_update, last_update
+from pkobatch.cli.requests import new_token, operation_progress, set_annotation
 from pkobatch.dev import supervisor
 from pkobatch.dev.controlplane import repo_root
 from pkobatch.dev.processes import wait_until
@@ -213,8 +215,7 @@ class Demo:
 
     def wait_for_up(self) -> None:
         def done(stack: JSON) -> bool:
-            status = stack.get("status") or {}
-            last = status.get("lastUpdate") or {}
+            last = last_update(stack.get("status"))
             if true_condition(stack, CONDITION_STALLED) is not None:
                 return True
             return (
@@ -224,11 +225,12 @@ class Demo:
             )
 
         stack = self._watch("the up", done)
-        last = (stack.get("status") or {}).get("lastUpdate") or {}
+        last = last_update(stack.get("status"))
         if last.get("type") != "up" or last.get("state") != "succeeded":
             stalled = condition_of(stack, CONDITION_STALLED) or {}
             why = last.get("message") or stalled.get("message") or "no message"
-            raise DemoFailed(f"the up did not succeed: {why}{self._where_to_look(last)}")
+            where = self._where_to_look(last.get("name"))
+            raise DemoFailed(f"the up did not succeed: {why}{where}")
         if true_condition(stack, CONDITION_READY) is None:
             raise DemoFailed(f"the up succeeded but the Stack is not Ready: {stack.get('status')}")
         self._print_stack(stack, "up")
@@ -267,38 +269,25 @@ class Demo:
         except TimeoutError as exc:
             raise DemoFailed(f"{exc}; see {self.root / 'controller.log'}") from exc
 
-    def _where_to_look(self, run: JSON) -> str:
+    def _where_to_look(self, job: str | None) -> str:
         logs = self.root / "logs" / NAMESPACE
-        job = run.get("name") or run.get("jobName")
         pod_logs = f"{logs}/{job}-*.log" if job else str(logs)
         return f"\n  run logs: {pod_logs}\n  controller log: {self.root / 'controller.log'}"
 
     def _request(self, operation: str) -> None:
-        token = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        value = f"{operation}:{token}"
-        self._kube().merge_patch(
-            STACKS,
-            STACK,
-            {"metadata": {"annotations": {OPERATION_REQUEST_ANNOTATION: value}}},
-            NAMESPACE,
-        )
-
-        def done(stack: JSON) -> bool:
-            request = (stack.get("status") or {}).get("operationRequest") or {}
-            return request.get("request") == value and request.get("state") in (
-                "Succeeded",
-                "Failed",
-                "Rejected",
-            )
-
-        stack = self._watch(f"the {operation}", done)
-        request = stack["status"]["operationRequest"]
-        if request["state"] != "Succeeded":
+        """Ask for ``operation`` and wait for its answer, as ``pkobatch <operation>`` does."""
+        kube = self._kube()
+        value = request_value(operation, new_token())
+        stack = kube.get(STACKS, STACK, NAMESPACE)
+        set_annotation(kube, stack, OPERATION_REQUEST_ANNOTATION, value)
+        stack = self._watch(f"the {operation}", lambda s: operation_progress(s, value).done)
+        progress = operation_progress(stack, value)
+        if progress.phase != "Succeeded":
             raise DemoFailed(
-                f"the {operation} {request['state'].lower()}: {request.get('message', '')}"
-                f"{self._where_to_look(request)}"
+                f"the {operation} {progress.phase.lower()}: {progress.message}"
+                f"{self._where_to_look(progress.job_name)}"
             )
-        self._print_stack(stack, operation, self._result(request.get("jobName", "")))
+        self._print_stack(stack, operation, self._result(progress.job_name))
 
     def _result(self, job_name: str) -> JSON:
         """The run's result (``RunResult``) from its ConfigMap; empty if it is gone."""
@@ -329,10 +318,10 @@ class Demo:
                         f"see {controller.get('log')}"
                     )
                 if time.monotonic() > deadline:
-                    current = (stack.get("status") or {}).get("currentUpdate") or {}
+                    current = current_update(stack.get("status"))
                     raise DemoFailed(
                         f"{what} did not finish within {self.timeout:.0f}s"
-                        f"{self._where_to_look(current)}"
+                        f"{self._where_to_look(current.get('name'))}"
                     )
                 time.sleep(0.5)
 
@@ -347,15 +336,16 @@ class Demo:
                 table.add_row(
                     kind, f"{condition.get('status')} {condition.get('reason', '')}".strip()
                 )
-        current = status.get("currentUpdate") or {}
+        # currentUpdate names the run's Job (its name says the operation).
+        current = current_update(status)
         if current:
-            table.add_row("current run", f"{current.get('type', '')} {current.get('name', '')}")
+            table.add_row("current run", current.get("name", ""))
         table.add_row("running pods", ", ".join(environment.get("runningPods") or []) or "-")
         return Group(table)
 
     def _print_stack(self, stack: JSON, operation: str, result: JSON | None = None) -> None:
         status = stack.get("status") or {}
-        last = status.get("lastUpdate") or {}
+        last = last_update(status)
         summary = Table(title=f"Stack {NAMESPACE}/{STACK} after the {operation}", show_header=False)
         summary.add_column(style="bold")
         summary.add_column()
