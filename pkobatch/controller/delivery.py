@@ -32,12 +32,13 @@ import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pkobatch.api.constants import FIELD_MANAGER_CONTROLLER
 from pkobatch.api.stack import NOTIFICATION_EVENTS, Notifications
+from pkobatch.api.status import StatusObject
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.notify import (
     DELIVERY_HEADER,
@@ -268,7 +269,9 @@ class Notifier:
         default = namespace_default(found[0]).config if found else None
         return stack_notifications(stack.get("spec") or {}, default)
 
-    def add_events(self, stack: Mapping[str, Any], plan: Plan, now: datetime) -> JSON | None:
+    def add_events(
+        self, stack: Mapping[str, Any], plan: Plan, now: datetime
+    ) -> Mapping[str, Any] | None:
         """Record the events of this reconcile's status change in ``plan.status`` (pure; the
         outbox). Returns the status whose pending entries ``track`` must deliver once the
         plan is carried out: ``plan.status``, or for a released Stack the status decided
@@ -282,7 +285,7 @@ class Notifier:
             log.warning("stack %s: dropped undelivered event %s", _name(stack), event_id)
             self.metrics.dropped.inc()
         if plan.status is not None:
-            plan.status = outbox
+            plan.status = cast(StatusObject, outbox)
         return outbox
 
     def track(

@@ -90,7 +90,14 @@ from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, spl
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
-from pkobatch.api.status import LastUpdate, StatusObject, last_update
+from pkobatch.api.status import (
+    LastUpdate,
+    StatusObject,
+    current_update,
+    last_drift_check,
+    last_update,
+    operation_request_status,
+)
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.config import Settings
 from pkobatch.controller import approval
@@ -227,7 +234,7 @@ class FinishedRun:
 
 @dataclass
 class Plan:
-    status: JSON | None
+    status: StatusObject | None
     """The desired status; None: leave status alone (the Stack is going away)."""
     finalizer: Literal["add", "remove"] | None = None
     create_job: JSON | None = None
@@ -247,7 +254,7 @@ class Plan:
     error: str = ""
     # The status as decided, also when ``status`` is None because the Stack is released:
     # notifications compare it with the old one (a destroy on deletion is an event too).
-    decided_status: JSON | None = None
+    decided_status: StatusObject | None = None
 
 
 def plan(observed: Observed, settings: Settings, template: Mapping[str, Any]) -> Plan:
@@ -270,7 +277,7 @@ def _error_plan(observed: Observed, exc: Exception) -> Plan:
         f"it with this message. Editing the spec or setting {RECONCILE_REQUEST_ANNOTATION} "
         "makes the controller try again."
     )
-    status = copy.deepcopy(dict(observed.stack.get("status") or {}))
+    status = cast(StatusObject, copy.deepcopy(dict(observed.stack.get("status") or {})))
     raw_generation = meta.get("generation")
     generation = raw_generation if isinstance(raw_generation, int) else 0
     status["observedGeneration"] = generation
@@ -332,7 +339,7 @@ class _Planner:
         self.annotations: Mapping[str, str] = self.meta.get("annotations") or {}
         self.request = str(self.annotations.get(RECONCILE_REQUEST_ANNOTATION) or "")
         self.old_status: Mapping[str, Any] = stack.get("status") or {}
-        self.status: JSON = copy.deepcopy(dict(self.old_status))
+        self.status = cast(StatusObject, copy.deepcopy(dict(self.old_status)))
         self.conditions = _parse_conditions(self.status.get("conditions"))
         self.check: SpecCheck = load_stack_spec(stack.get("spec") or {}, self.namespace)
         self.spec: StackSpec | None = self.check.spec if self.check.valid else None
@@ -427,7 +434,7 @@ class _Planner:
     # -- runs --------------------------------------------------------------------------------
 
     def _current_name(self) -> str:
-        return str((self.status.get("currentUpdate") or {}).get("name") or "")
+        return str(current_update(self.status).get("name") or "")
 
     def _blocking_job(self) -> Mapping[str, Any] | None:
         """Any unfinished Job of the Stack, including one being deleted (its pod may run)."""
@@ -451,8 +458,8 @@ class _Planner:
             run = Run.from_job(job)
             if run is not None:
                 return run
-        current = self.status.get("currentUpdate") or {}
-        request = self.status.get("operationRequest") or {}
+        current = current_update(self.status)
+        request = operation_request_status(self.status)
         operation = _operation_from_name(name)
         kind: RunKind = "sync"
         if request.get("jobName") == name and request.get("operation") != "cancel":
@@ -481,13 +488,10 @@ class _Planner:
                 self._fold_job(job)
             return
         recorded = {
-            (self.status.get(field) or {}).get(key)
-            for field, key in (
-                ("lastUpdate", "name"),
-                ("operationRequest", "jobName"),
-                ("lastDriftCheck", "name"),
-                ("approval", "previewJob"),
-            )
+            last_update(self.status).get("name"),
+            operation_request_status(self.status).get("jobName"),
+            last_drift_check(self.status).get("name"),
+            (self.status.get("approval") or {}).get("previewJob"),
         }
         orphans = [
             j
@@ -552,7 +556,7 @@ class _Planner:
             self.status["approval"] = approval.folded_update(record, run, name, outcome)
             self._discard_plan(record)
         folded = fold_run(
-            cast(StatusObject, self.status),
+            self.status,
             self.conditions,
             run,
             name,
@@ -560,7 +564,7 @@ class _Planner:
             now=self.now,
             generation=self.generation,
         )
-        self.status = cast(JSON, folded.status)
+        self.status = folded.status
         self.conditions = folded.conditions
         self.result.finished.append(FinishedRun(run, name, outcome, started))
         for event in folded.events:
@@ -666,7 +670,7 @@ class _Planner:
             return
         raw_spec = self.obs.stack.get("spec") or {}
         destroy = bool(raw_spec.get("destroyOnFinalize") or raw_spec.get("destroyOnDelete"))
-        last = self.status.get("lastUpdate") or {}
+        last = last_update(self.status)
         if not destroy or raw_spec.get("preview"):
             self._release()
             return
@@ -700,7 +704,7 @@ class _Planner:
             and last.get("generation") == self.generation
             and (last.get("reconcileRequest") or "") == self.request
         ):
-            failures = failure_count(cast(LastUpdate, last))
+            failures = failure_count(last)
             if failures >= self.settings.retry.max_failures:
                 self._stalled(
                     STALLED_UPDATE_FAILED_REASON,
@@ -710,7 +714,7 @@ class _Planner:
                     f"{ABANDON_ANNOTATION}=true to delete the Stack without destroying",
                 )
                 return
-            wait = cooldown_remaining(cast(LastUpdate, last), self.spec, self.settings, self.now)
+            wait = cooldown_remaining(last, self.spec, self.settings, self.now)
             if wait > timedelta(0):
                 self._reconciling(
                     RECONCILING_RETRY_REASON, f"destroy failed: {last.get('message')}"
@@ -733,7 +737,7 @@ class _Planner:
 
     def _reject_request_while_deleting(self) -> None:
         value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
-        current = self.status.get("operationRequest") or {}
+        current = operation_request_status(self.status)
         if value and current.get("request") != value:
             self._request_status(
                 value, split_request(value)[0], "Rejected", "", "the Stack is being deleted"
@@ -770,7 +774,7 @@ class _Planner:
             return
         commit = self._commit(spec)
         if commit is _PENDING:
-            last = self.status.get("lastUpdate") or {}
+            last = last_update(self.status)
             if (
                 not last
                 or last.get("generation") != self.generation
@@ -797,7 +801,7 @@ class _Planner:
         self._schedules(spec, commit)
 
     def _suspended(self) -> None:
-        last = self.status.get("lastUpdate") or {}
+        last = last_update(self.status)
         ok = last.get("state") == "succeeded"
         message = "reconciliation is suspended (spec.suspend: true); " + (
             f"the last {last.get('type')} succeeded"
@@ -894,8 +898,8 @@ class _Planner:
 
     def _held(self) -> bool:
         """After a requested destroy, nothing runs until the spec changes or `up` is asked."""
-        last = self.status.get("lastUpdate") or {}
-        request = self.status.get("operationRequest") or {}
+        last = last_update(self.status)
+        request = operation_request_status(self.status)
         held = (
             last.get("type") == "destroy"
             and request.get("operation") == "destroy"
@@ -933,7 +937,7 @@ class _Planner:
             self._requeue_in(decision.recheck)
         reason = decision.reason
         due = scheduled_run_due(spec, self.meta, self.status, self.now, self.settings)
-        last = self.status.get("lastUpdate") or {}
+        last = last_update(self.status)
         if reason is None and due is not None:
             reason = f"scheduled run {format_time(due.time)}"
             if due.skipped:
@@ -975,9 +979,9 @@ class _Planner:
         if recorded is not None:
             self.status["lastScheduleTime"] = recorded
 
-    def _resting(self, last: Mapping[str, Any]) -> None:
+    def _resting(self, last: LastUpdate) -> None:
         """Conditions when no run is needed right now (``retry.resting_state``)."""
-        resting = resting_state(cast(LastUpdate, last), self.settings)
+        resting = resting_state(last, self.settings)
         if resting.kind == "ready":
             self._ready()
         elif resting.kind == "stalled":
@@ -993,7 +997,7 @@ class _Planner:
                 waiting.append(f"{prerequisite.name} does not exist")
                 continue
             other_meta = other.get("metadata") or {}
-            other_last = (other.get("status") or {}).get("lastUpdate") or {}
+            other_last = last_update(other.get("status"))
             other_request = str(
                 (other_meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or ""
             )
@@ -1030,12 +1034,12 @@ class _Planner:
         """Drift remediation and drift checks; and the requeue for the next cron times."""
         for moment in next_schedule_times(spec, self.meta, self.now):
             self._requeue_in(moment - self.now)
-        last = self.status.get("lastUpdate") or {}
+        last = last_update(self.status)
         deployed = last.get("state") == "succeeded" and last.get("type") == "up"
         drift = spec.drift_detection
         if drift is None or not deployed:
             return
-        check = self.status.get("lastDriftCheck") or {}
+        check = last_drift_check(self.status)
         drifted = find_condition(self.conditions, CONDITION_DRIFTED)
         checked_at = parse_time(check.get("time"))
         updated_at = parse_time(last.get("lastResyncTime"))
@@ -1078,7 +1082,7 @@ class _Planner:
     def _request_status(
         self, value: str, operation: str, state: RequestState, job: str, message: str
     ) -> None:
-        previous = self.status.get("operationRequest") or {}
+        previous = operation_request_status(self.status)
         self.status["operationRequest"] = {
             "request": value,
             "operation": operation,
@@ -1092,7 +1096,7 @@ class _Planner:
     def _handle_operation_request(self) -> bool:
         """Act on a new (or still pending) request; True when it decided this pass."""
         value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
-        current = self.status.get("operationRequest") or {}
+        current = operation_request_status(self.status)
         if not value or (current.get("request") == value and current.get("state") != "Pending"):
             return False
         operation, token = split_request(value)
@@ -1185,7 +1189,7 @@ class _Planner:
         self._fold(run, name, cancelled_outcome(name, value, self.now), None)
         self._request_status(value, "cancel", "Succeeded", name, f"run {name} was cancelled")
         # The cancelled Job blocks new runs until its pod is gone (foreground deletion).
-        self._resting(self.status.get("lastUpdate") or {})
+        self._resting(last_update(self.status))
         return True
 
     # -- approval of saved plans (pkobatch.controller.approval) -------------------------------
