@@ -83,26 +83,26 @@ class StatusObject(TypedDict, total=False):
     approval: JSON
 
 
-def _section(status: Mapping[str, Any] | None, key: str) -> JSON:
-    value = (status or {}).get(key)
+def _section(status: Any, key: str) -> JSON:
+    value = status.get(key) if isinstance(status, Mapping) else None
     return value if isinstance(value, dict) else {}
 
 
-def last_update(status: Mapping[str, Any] | None) -> LastUpdate:
+def last_update(status: Any) -> LastUpdate:
     """``status.lastUpdate`` (empty when nothing has run)."""
     return cast(LastUpdate, _section(status, "lastUpdate"))
 
 
-def current_update(status: Mapping[str, Any] | None) -> CurrentUpdate:
+def current_update(status: Any) -> CurrentUpdate:
     """``status.currentUpdate`` (empty when no run is in progress)."""
     return cast(CurrentUpdate, _section(status, "currentUpdate"))
 
 
-def operation_request_status(status: Mapping[str, Any] | None) -> OperationRequest:
+def operation_request_status(status: Any) -> OperationRequest:
     """``status.operationRequest`` (empty when no request was handled)."""
     return cast(OperationRequest, _section(status, "operationRequest"))
 
 
-def last_drift_check(status: Mapping[str, Any] | None) -> DriftCheck:
+def last_drift_check(status: Any) -> DriftCheck:
     """``status.lastDriftCheck`` (empty when no check has run)."""
     return cast(DriftCheck, _section(status, "lastDriftCheck"))

@@ -22,6 +22,7 @@ from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
 )
 from pkobatch.api.operation_request import request_value
+from pkobatch.api.status import last_update
 from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
 from pkobatch.cli.follow import wait_for
 from pkobatch.cli.render import changes_text, format_table, human_duration
@@ -353,7 +354,7 @@ def reconcile_command(name: str, wait: bool) -> None:
     )
     record = _record(session, stack, progress.job_name)
     operation = (record.operation if record else "") or str(
-        ((stack.get("status") or {}).get("lastUpdate") or {}).get("type") or "reconcile"
+        last_update(stack.get("status")).get("type") or "reconcile"
     )
     result = outcome(stack, operation, token, progress, record)
     print_outcomes(session, [result], single=True)

@@ -14,6 +14,7 @@ from typing import Any, Final
 from rich.text import Text
 
 from pkobatch.api.objects import conditions_of
+from pkobatch.api.status import current_update, last_update
 from pkobatch.api.timestamps import parse_time
 from pkobatch.cli.render import (
     EVENT_HEADERS,
@@ -215,9 +216,9 @@ def describe_stack(
     lines += _section("Conditions", _condition_lines(stack, now))
 
     records = {run.name: run for run in runs}
-    last = status.get("lastUpdate") or {}
+    last = last_update(status)
     lines += _section("Last Run", _last_run_lines(last, records.get(str(last.get("name"))), now))
-    current = status.get("currentUpdate") or {}
+    current = current_update(status)
     current_lines = []
     if current.get("name"):
         current_lines = _fields(

@@ -21,6 +21,7 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.cron import next_times
 from pkobatch.api.objects import condition_in, conditions_of
+from pkobatch.api.status import current_update, last_update, operation_request_status
 from pkobatch.api.timestamps import parse_time
 
 RUNNING: Final = "running"
@@ -76,8 +77,8 @@ class StackView:
 
 
 def operation_request(stack: Mapping[str, Any]) -> OperationRequestView | None:
-    raw = _dict(stack.get("status")).get("operationRequest")
-    if not isinstance(raw, dict) or not raw.get("request"):
+    raw = operation_request_status(stack.get("status"))
+    if not raw.get("request"):
         return None
     return OperationRequestView(
         request=_str(raw.get("request")),
@@ -105,8 +106,8 @@ def stack_view(stack: Mapping[str, Any]) -> StackView:
     metadata = _dict(stack.get("metadata"))
     spec = _dict(stack.get("spec"))
     status = _dict(stack.get("status"))
-    last = _dict(status.get("lastUpdate"))
-    current = _dict(status.get("currentUpdate"))
+    last = last_update(status)
+    current = current_update(status)
     items = conditions_of(stack)
     ready = condition_in(items, CONDITION_READY)
     headline = _headline(items)

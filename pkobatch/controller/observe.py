@@ -38,6 +38,7 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.objects import job_finished, owned_by
 from pkobatch.api.stack import load_stack_spec
+from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
 from pkobatch.controller.fold import (
     JOB_CONTROLLER_UID_LABEL,
@@ -88,18 +89,11 @@ def run_awaited_for(stack: Mapping[str, Any]) -> tuple[int, str] | None:
     fetched after the change was seen (``GitPoller.head(fresh_for=...)``), as PKO's
     per-reconcile ``ls-remote`` does."""
     meta = stack.get("metadata") or {}
-    status = stack.get("status") or {}
+    status = stack.get("status")
     request = str((meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or "")
     change = (int(meta.get("generation") or 0), request)
-    for recorded in (status.get("lastUpdate"), status.get("currentUpdate")):
-        if (
-            isinstance(recorded, Mapping)
-            and (
-                recorded.get("generation"),
-                str(recorded.get("reconcileRequest") or ""),
-            )
-            == change
-        ):
+    for recorded in (last_update(status), current_update(status)):
+        if (recorded.get("generation"), str(recorded.get("reconcileRequest") or "")) == change:
             return None
     return change
 
@@ -137,7 +131,7 @@ class Observer:
             str(cm["metadata"]["name"]): cm
             for cm in self._stores.configmaps.for_owner(key.namespace, key.name)
         }
-        current = str(((stack.get("status") or {}).get("currentUpdate") or {}).get("name") or "")
+        current = str(current_update(stack.get("status")).get("name") or "")
         if current and current not in jobs:
             live = self._get(JOBS, current, key.namespace)
             if live is not None and of_stack(live, uid):

@@ -15,6 +15,7 @@ from typing import Any
 
 from pkobatch.api.cron import DueRun, ScheduleError, due_run, next_time
 from pkobatch.api.stack import StackSpec
+from pkobatch.api.status import last_drift_check, last_update
 from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings
 
@@ -47,14 +48,14 @@ def drift_check_due(
     """
     if spec.drift_detection is None:
         return None
-    last_check = status.get("lastDriftCheck") or {}
+    last_check = last_drift_check(status)
     candidates = [
         parse_time(last_check.get("scheduledTime")),
         parse_time(meta.get("creationTimestamp")),
     ]
-    last_update = status.get("lastUpdate") or {}
-    if last_update.get("state") == "succeeded" and last_update.get("type") == "up":
-        candidates.append(parse_time(last_update.get("lastResyncTime")))
+    last = last_update(status)
+    if last.get("state") == "succeeded" and last.get("type") == "up":
+        candidates.append(parse_time(last.get("lastResyncTime")))
     since = max((c for c in candidates if c is not None), default=None)
     return _due(spec.drift_detection.schedule, spec, meta, since, now, settings)
 

@@ -27,6 +27,7 @@ from pkobatch.api.constants import (
     OPERATIONS,
 )
 from pkobatch.api.objects import condition_of, job_finished, true_condition
+from pkobatch.api.status import last_update
 from pkobatch.controller.stores import Stores
 
 JSON = dict[str, Any]
@@ -126,7 +127,7 @@ class _StoreCollector:
             meta = stack.get("metadata") or {}
             spec = stack.get("spec") or {}
             status = stack.get("status") or {}
-            last_update = status.get("lastUpdate") or {}
+            last = last_update(status)
             key = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
             ready = condition_of(stack, CONDITION_READY) or {}
             info.add_metric(
@@ -139,14 +140,14 @@ class _StoreCollector:
                 ],
                 1.0,
             )
-            failing.add_metric(key, 1.0 if last_update.get("state") == "failed" else 0.0)
+            failing.add_metric(key, 1.0 if last.get("state") == "failed" else 0.0)
             reconciling.add_metric(key, _true(stack, CONDITION_RECONCILING))
             stall = condition_of(stack, CONDITION_STALLED) or {}
             stalled.add_metric(
                 [*key, str(stall.get("reason", ""))], _true(stack, CONDITION_STALLED)
             )
             drifted.add_metric(key, _true(stack, CONDITION_DRIFTED))
-            failures.add_metric(key, float(last_update.get("failures") or 0))
+            failures.add_metric(key, float(last.get("failures") or 0))
         active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
         active_stacks.add_metric([], float(len(stacks)))
         active_programs = GaugeMetricFamily("programs_active", "Number of Programs (PKO's gauge)")
