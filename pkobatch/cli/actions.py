@@ -21,6 +21,7 @@ from pkobatch.api.constants import (
     OPERATIONS,
     RECONCILE_REQUEST_ANNOTATION,
 )
+from pkobatch.api.objects import JSON
 from pkobatch.api.operation_request import request_value
 from pkobatch.api.status import last_update
 from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
@@ -39,7 +40,6 @@ from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
 from pkobatch.cli.views import stack_view
 from pkobatch.kube.client import STACKS, Forbidden, KubeError
 
-JSON = dict[str, Any]
 DEFAULT_CONCURRENCY: Final = 4
 DecoratedCommand = TypeVar("DecoratedCommand", bound=Callable[..., Any])
 

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.text import Text
 
 from pkobatch.api.cron import ScheduleError
+from pkobatch.api.objects import JSON
 from pkobatch.cli import actions, diagnostics
 from pkobatch.cli.describe import describe_stack
 from pkobatch.cli.fetch import (
@@ -63,7 +64,6 @@ from pkobatch.cli.views import (
 from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, WatchEvent
 from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
-JSON = dict[str, Any]
 NAME = click.argument("name", shell_complete=complete_stack_names)
 OPTIONAL_NAME = click.argument("name", required=False, shell_complete=complete_stack_names)
 SELECTOR = click.option(

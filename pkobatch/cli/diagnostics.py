@@ -17,6 +17,7 @@ from rich.text import Text
 from pkobatch import __version__
 from pkobatch.api.constants import CRD_NAME, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.api.crd import generate_crd
+from pkobatch.api.objects import JSON
 from pkobatch.api.timestamps import parse_time
 from pkobatch.cli.render import format_table, human_duration
 from pkobatch.cli.runs import read_result
@@ -34,7 +35,6 @@ from pkobatch.kube.client import (
     Unreachable,
 )
 
-JSON = dict[str, Any]
 CONTROLLER_NAMESPACE: Final = "pkobatch-system"
 CONTROLLER_NAME: Final = "pkobatch-controller"
 # How deploy/ labels the Deployment of a controller shard (docs/sharding.md).

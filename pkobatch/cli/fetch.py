@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import click
 from click.shell_completion import CompletionItem
 
 from pkobatch.api.constants import MANAGED_BY_LABEL, MANAGED_BY_VALUE, STACK_LABEL
+from pkobatch.api.objects import JSON
 from pkobatch.cli.runs import RunRecord, build_runs
 from pkobatch.cli.session import (
     CRD_MISSING_MESSAGE,
@@ -32,7 +33,6 @@ from pkobatch.kube.client import (
     WatchEvent,
 )
 
-JSON = dict[str, Any]
 # The Job controller labels its pods with the Job's name (both spellings since 1.27).
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from rich.text import Text
 
+from pkobatch.api.objects import JSON
 from pkobatch.cli.fetch import get_stack_in, run_pods
 from pkobatch.cli.requests import Progress
 from pkobatch.cli.session import CommandFailed, Session
 from pkobatch.kube.client import KubeError
 from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
-JSON = dict[str, Any]
 POLL_INTERVAL: Final = 1.0
 # The run's container in every Job (the controller's Job template names it so).
 RUN_CONTAINER: Final = "pulumi"

@@ -29,14 +29,13 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
 )
-from pkobatch.api.objects import condition_of
+from pkobatch.api.objects import JSON, condition_of
 from pkobatch.api.operation_request import FINAL_REQUEST_STATES
 from pkobatch.api.status import current_update, last_update
 from pkobatch.cli.runs import RunRecord
 from pkobatch.cli.views import operation_request, stack_view
 from pkobatch.kube.client import STACKS, Conflict, Kube
 
-JSON = dict[str, Any]
 _PATCH_ATTEMPTS: Final = 5
 
 

@@ -31,6 +31,7 @@ from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
     SHARD_LABEL,
 )
+from pkobatch.api.objects import JSON
 from pkobatch.api.program import program_artifact
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.jobs import owned_by_job
@@ -50,7 +51,6 @@ from pkobatch.kube.client import (
 )
 
 log = logging.getLogger(__name__)
-JSON = dict[str, Any]
 
 
 class NamespaceTerminating(Exception):

@@ -38,12 +38,12 @@ from typing import Any, Final
 
 from pkobatch.api.constants import APPROVE_ANNOTATION, REJECT_ANNOTATION
 from pkobatch.api.messages import bound_message
+from pkobatch.api.objects import JSON
 from pkobatch.api.run import MAX_PLANNED_RESOURCES
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.controller.fold import Outcome
 from pkobatch.controller.jobs import Run, plan_secret_name, short_hash
 
-JSON = dict[str, Any]
 APPROVE_TRIGGER_PREFIX: Final = "approved:"
 VIA_SPEC: Final = "spec.approval.approvedPlan"
 VIA_ANNOTATION: Final = APPROVE_ANNOTATION

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pkobatch.api.constants import PREFIX, RESULT_KEY
+from pkobatch.api.objects import JSON
 
-JSON = dict[str, Any]
 KEPT_ANNOTATION_PREFIXES: Final = (f"{PREFIX}/", "pulumi.com/")
 KEPT_METADATA: Final = (
     "name",

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pkobatch.api.constants import FIELD_MANAGER_CONTROLLER
+from pkobatch.api.objects import JSON
 from pkobatch.api.stack import NOTIFICATION_EVENTS, Notifications
 from pkobatch.api.status import StatusObject
 from pkobatch.controller.events import EventRecorder
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
     from pkobatch.controller.plan import Plan
 
 log = logging.getLogger(__name__)
-JSON = dict[str, Any]
 EVENT_NOTIFICATION_FAILED: Final = "NotificationFailed"
 RECEIVER_TYPES: Final = ("webhook", "slack")
 # (Stack uid, event id, receiver) pairs remembered as queued or done.

@@ -76,6 +76,7 @@ from pkobatch.api.constants import (
     Operation,
 )
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
+from pkobatch.api.objects import JSON
 from pkobatch.api.pod_security import Level, Violation, check_pod
 from pkobatch.api.program import program_revision, render_project
 from pkobatch.api.run import (
@@ -101,7 +102,6 @@ from pkobatch.api.run import (
 from pkobatch.api.stack import MAX_SPEC_SECONDS, ResourceRef, StackSpec
 from pkobatch.config import JobSettings
 
-JSON = dict[str, Any]
 CONTAINER_NAME: Final = "pulumi"
 TEMPLATE_RESOURCE: Final = "job_template.yaml"
 MAX_NAME_LENGTH: Final = 63

@@ -40,12 +40,10 @@ from pydantic import ValidationError
 
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
-from pkobatch.api.objects import condition_of
+from pkobatch.api.objects import JSON, condition_of
 from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
 from pkobatch.api.status import last_drift_check, last_update
 from pkobatch.api.timestamps import format_time
-
-JSON = dict[str, Any]
 
 # The namespace default: a ConfigMap with this label, its receivers under this key.
 NAMESPACE_DEFAULT_LABEL: Final = "pkobatch.io/notifications"

@@ -36,7 +36,7 @@ from pkobatch.api.constants import (
     JOB_STACK_UID_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
 )
-from pkobatch.api.objects import job_finished, owned_by
+from pkobatch.api.objects import JSON, job_finished, owned_by
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
@@ -61,7 +61,6 @@ from pkobatch.kube.client import (
     Resource,
 )
 
-JSON = dict[str, Any]
 log = logging.getLogger(__name__)
 
 

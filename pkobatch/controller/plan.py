@@ -85,7 +85,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
-from pkobatch.api.objects import job_finished
+from pkobatch.api.objects import JSON, job_finished
 from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, split_request
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
@@ -142,8 +142,6 @@ from pkobatch.controller.schedule import (
     next_schedule_times,
     scheduled_run_due,
 )
-
-JSON = dict[str, Any]
 
 # How often to look again while waiting on something that sends no event of its own.
 PREREQUISITE_RECHECK: Final = 30.0

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pkobatch.api.objects import job_finished
+from pkobatch.api.objects import JSON, job_finished
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
 from pkobatch.controller.delivery import Notifier
 from pkobatch.controller.events import EventRecorder
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pkobatch.config import Settings
 
 log = logging.getLogger(__name__)
-JSON = dict[str, Any]
 CONFLICT_RETRY: Final = 1.0
 # A created Job counts against the cap until the store shows it (or this long has passed).
 RESERVATION_SECONDS: Final = 60.0

@@ -14,7 +14,7 @@ to date.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -26,11 +26,10 @@ from pkobatch.api.constants import (
     CONDITION_STALLED,
     OPERATIONS,
 )
-from pkobatch.api.objects import condition_of, job_finished, true_condition
+from pkobatch.api.objects import JSON, condition_of, job_finished, true_condition
 from pkobatch.api.status import last_update
 from pkobatch.controller.stores import Stores
 
-JSON = dict[str, Any]
 OPERATION_RESULTS: Final = ("succeeded", "failed", "conflict", "cancelled", "timeout")
 OPERATION_BUCKETS: Final = (5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pkobatch.api.constants import KIND, STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.api.objects import JSON
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
 from pkobatch.runtime.store import Store
 
-JSON = dict[str, Any]
 StackKey = ObjectKey
 """The key of a Stack: its namespace and name."""
 

@@ -36,7 +36,7 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RESULT_KEY,
 )
-from pkobatch.api.objects import condition_of, true_condition
+from pkobatch.api.objects import JSON, condition_of, true_condition
 from pkobatch.api.operation_request import request_value
 from pkobatch.api.status import current_update, last_update
 from pkobatch.cli.requests import new_token, operation_progress, set_annotation
@@ -51,7 +51,6 @@ STACK: Final = "demo"
 FIELD_MANAGER: Final = "pkobatch-dev-demo"
 DEMO_COMPONENTS: Final[tuple[Component, ...]] = ("etcd", "kubernetes", "pulumi")
 """What the demo runs: the control plane and the CLI (its program is Python, no provider)."""
-JSON = dict[str, Any]
 
 
 class DemoFailed(Exception):

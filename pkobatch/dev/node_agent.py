@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from pkobatch.api.objects import JSON
 from pkobatch.api.timestamps import format_time
 from pkobatch.dev import processes
 from pkobatch.dev.container_logs import ContainerLog, ContainerLogServer, KubeletTls
@@ -104,7 +105,6 @@ from pkobatch.kube.client import (
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 # The kubelet's bounds for a termination message taken from the logs.
 _MESSAGE_LINES: Final = 80

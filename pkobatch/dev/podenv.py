@@ -14,9 +14,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pkobatch.api.objects import JSON
 from pkobatch.kube.client import CONFIGMAPS, SECRETS, Kube, NotFound
 
-JSON = dict[str, Any]
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 

@@ -35,9 +35,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from pkobatch.api.objects import JSON
 from pkobatch.kube.ratelimit import TokenBucket
 
-JSON = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 JSON_PATCH: Final = "application/json-patch+json"

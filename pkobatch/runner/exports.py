@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pkobatch.api.constants import API_VERSION, KIND
+from pkobatch.api.objects import JSON
 from pkobatch.api.run import SECRET_PLACEHOLDER, StackRef
 from pkobatch.api.stack import DATA_KEY_PATTERN, ExportOutputs
 
-JSON = dict[str, Any]
 MAX_KEY_LENGTH: Final = 253
 
 

@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
+from pkobatch.api.objects import JSON
 from pkobatch.api.run import (
     JOB_UID_ENV,
     MAX_PLAN_BYTES,
@@ -31,7 +32,6 @@ from pkobatch.api.run import (
 )
 from pkobatch.runner.failures import RunFailure
 
-JSON = dict[str, Any]
 PLAN_LABEL: Final = "pkobatch.io/plan-of"
 # Steps of a plan that change nothing.
 _UNCHANGED: Final = frozenset({"same", "read"})

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-JSON = dict[str, Any]
+from pkobatch.api.objects import JSON
 
 
 @dataclass(frozen=True, order=True)

@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
+from pkobatch.api.objects import JSON
 from pkobatch.kube.client import LEASES, AlreadyExists, Conflict, Kube, KubeError, NotFound
 from pkobatch.runtime.metrics import Metrics
 
-JSON = dict[str, Any]
 log = logging.getLogger(__name__)
 
 

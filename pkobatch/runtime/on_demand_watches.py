@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from pkobatch.api.objects import JSON
 from pkobatch.kube.client import Kube, Resource
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.reflector import Reflector, enqueue_keys
 from pkobatch.runtime.store import Store
-
-JSON = dict[str, Any]
 
 
 class OnDemandWatches:

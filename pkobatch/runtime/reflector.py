@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from pkobatch.api.objects import JSON
 from pkobatch.kube.client import Forbidden, Gone, Kube, KubeError, NotFound, Resource
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.store import Store, slim
 
-JSON = dict[str, Any]
 OnChange = Callable[[JSON | None, JSON | None], None]
 Transform = Callable[[JSON], JSON]
 RELIST_AFTER_FAILURES: Final = 5

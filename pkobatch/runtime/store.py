@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from pkobatch.api.objects import JSON
 from pkobatch.runtime.interfaces import ObjectKey
 
-JSON = dict[str, Any]
 OwnerOf = Callable[[JSON], str | None]
 """The name of the object ``obj`` belongs to (same namespace); None: it belongs to none."""
 LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
