@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
-from pkobatch.api.constants import RESULT_KEY
+from pkobatch.api.constants import EVENT_CREATED, RESULT_KEY
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import RunResult, StackRef
+from pkobatch.api.status import OperationRequest, StatusObject
 from pkobatch.api.timestamps import parse_time
 from pkobatch.controller.fold import (
     Outcome,
+    fold_run,
     folded_last_update,
     folded_outputs,
     job_outcome,
@@ -202,3 +204,38 @@ def test_helpers() -> None:
 def test_a_result_counts_before_the_job_is_marked_finished() -> None:
     outcome = job_outcome(JOB, configmap(result()), "stack-uid", NOW)
     assert outcome is not None and outcome.succeeded and outcome.finished_at == NOW
+
+
+def test_fold_run_records_a_drift_check_without_touching_last_update() -> None:
+    check = Run("refresh", "drift", 2, "", "c1", "drift:2026-02-01T07:00:00Z")
+    status: StatusObject = {
+        "currentUpdate": {"name": "app-refresh-1"},
+        "lastUpdate": {"name": "app-up-1", "state": "succeeded"},
+    }
+    folded = fold_run(
+        status,
+        [],
+        check,
+        "app-refresh-1",
+        outcome(operation="refresh", drifted_resources=2),
+        now=NOW,
+        generation=2,
+    )
+    assert "currentUpdate" not in folded.status and "currentUpdate" in status
+    assert folded.status["lastUpdate"] == status["lastUpdate"]
+    drift = folded.status["lastDriftCheck"]
+    assert (drift["scheduledTime"], drift["driftedResources"]) == ("2026-02-01T07:00:00Z", 2)
+    assert [(c.type, c.status, c.reason) for c in folded.conditions] == [
+        ("Drifted", "True", "DriftDetected")
+    ]
+    assert [e.reason for e in folded.events] == ["DriftDetected", EVENT_CREATED]
+
+
+def test_fold_run_answers_only_the_request_that_started_the_run() -> None:
+    run = Run("refresh", "request", 2, "", "c1", "request:refresh:t1", request="refresh:t1")
+    mine: OperationRequest = {"request": "refresh:t1", "state": "Running", "jobName": "j"}
+    answered = fold_run({"operationRequest": mine}, [], run, "j", outcome(), now=NOW, generation=2)
+    assert answered.status["operationRequest"]["state"] == "Succeeded"
+    newer: OperationRequest = {"request": "up:t2", "state": "Pending"}
+    kept = fold_run({"operationRequest": newer}, [], run, "j", outcome(), now=NOW, generation=2)
+    assert kept.status["operationRequest"] == newer
