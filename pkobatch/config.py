@@ -103,7 +103,9 @@ class NotificationSettings(BaseModel):
         default=timedelta(minutes=1), description="longest wait between two attempts"
     )
     timeout: Duration = Field(
-        default=timedelta(seconds=10), description="per attempt: connect and answer"
+        default=timedelta(seconds=10),
+        description="socket timeout of an attempt: the connect, and each wait for the answer's "
+        "bytes",
     )
     senders: int = Field(
         default=4, ge=1, le=64, description="deliveries in flight at once (threads)"
