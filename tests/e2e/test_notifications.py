@@ -269,6 +269,8 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
         failed = events_of(inbox.accepted(), "app")
         assert [e.split("/")[0] for e in failed] == ["run-failed", "run-failed", "stalled"]
         assert hanging.open_requests() == 1
+        # The hanging delivery is in flight, "other"'s later events wait behind it.
+        assert controller.metric("pkobatch_notifications_queue_depth") >= 1
         stalled = wait_stack(
             kube,
             namespace,
