@@ -21,7 +21,7 @@ from rich.text import Text
 
 from pkobatch.api.cron import ScheduleError
 from pkobatch.api.objects import JSON
-from pkobatch.cli import actions, diagnostics
+from pkobatch.cli import actions, approvals, diagnostics
 from pkobatch.cli.describe import describe_stack
 from pkobatch.cli.fetch import (
     complete_stack_names,
@@ -604,6 +604,9 @@ USER_COMMANDS: tuple[click.Command, ...] = (
     *actions.OPERATION_COMMANDS,
     actions.reconcile_command,
     actions.cancel_command,
+    approvals.plan_command,
+    approvals.approve_command,
+    approvals.reject_command,
     actions.suspend_command,
     actions.resume_command,
     logs_command,

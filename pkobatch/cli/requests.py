@@ -52,7 +52,9 @@ def stack_annotations(stack: Mapping[str, Any]) -> dict[str, str]:
     return dict((stack.get("metadata") or {}).get("annotations") or {})
 
 
-def set_annotation(kube: Kube, stack: JSON, key: str, value: str) -> tuple[JSON, str | None]:
+def set_annotation(
+    kube: Kube, stack: JSON, key: str, value: str, *, field_manager: str = FIELD_MANAGER_CLI
+) -> tuple[JSON, str | None]:
     """Set one annotation, guarded by resourceVersion; returns the patched Stack and the
     value it replaced when that value was an operation request nobody had picked up yet."""
     metadata = stack["metadata"]
@@ -71,7 +73,7 @@ def set_annotation(kube: Kube, stack: JSON, key: str, value: str) -> tuple[JSON,
                 metadata["name"],
                 patch,
                 metadata["namespace"],
-                field_manager=FIELD_MANAGER_CLI,
+                field_manager=field_manager,
             )
         except Conflict:
             current = kube.get(STACKS, metadata["name"], metadata["namespace"])

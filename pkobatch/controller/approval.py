@@ -85,11 +85,11 @@ def _owns(fields: Any, path: Sequence[str]) -> bool:
     return True
 
 
-def field_manager(meta: Mapping[str, Any], path: Sequence[str]) -> str:
+def field_manager(managed_fields: Sequence[Mapping[str, Any]], path: Sequence[str]) -> str:
     """The field manager that last wrote the field at ``path`` (fieldsV1 keys), or ""."""
     owners = [
         entry
-        for entry in meta.get("managedFields") or ()
+        for entry in managed_fields
         if isinstance(entry, Mapping) and _owns(entry.get("fieldsV1"), path)
     ]
     if not owners:
@@ -98,19 +98,41 @@ def field_manager(meta: Mapping[str, Any], path: Sequence[str]) -> str:
     return str(latest.get("manager") or "")
 
 
-def approvals(stack: Mapping[str, Any], spec: Mapping[str, Any]) -> list[Approver]:
-    """The approvals the Stack holds: spec.approval.approvedPlan and the annotation."""
+def approvals(
+    stack: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    managed_fields: Sequence[Mapping[str, Any]] = (),
+) -> list[Approver]:
+    """The approvals the Stack holds: spec.approval.approvedPlan and the annotation.
+
+    ``managed_fields``: the Stack's, read live (the controller's cache drops them), else
+    those of ``stack``."""
     meta: Mapping[str, Any] = stack.get("metadata") or {}
+    fields = managed_fields or meta.get("managedFields") or ()
     found = []
     approved = str((spec.get("approval") or {}).get("approvedPlan") or "").strip()
     if approved:
         path = ("f:spec", "f:approval", "f:approvedPlan")
-        found.append(Approver(approved, field_manager(meta, path) or "unknown", VIA_SPEC))
+        found.append(Approver(approved, field_manager(fields, path) or "unknown", VIA_SPEC))
     annotated = str((meta.get("annotations") or {}).get(APPROVE_ANNOTATION) or "").strip()
     if annotated:
         path = ("f:metadata", "f:annotations", f"f:{APPROVE_ANNOTATION}")
-        found.append(Approver(annotated, field_manager(meta, path) or "unknown", VIA_ANNOTATION))
+        found.append(Approver(annotated, field_manager(fields, path) or "unknown", VIA_ANNOTATION))
     return found
+
+
+def names_pending_plan(stack: Mapping[str, Any]) -> bool:
+    """Whether the Stack approves its pending plan: then its approver is read (managedFields)."""
+    record = (stack.get("status") or {}).get("approval") or {}
+    if record.get("state") != "Pending":
+        return False
+    spec = stack.get("spec") or {}
+    annotations = (stack.get("metadata") or {}).get("annotations") or {}
+    named = {
+        str((spec.get("approval") or {}).get("approvedPlan") or "").strip(),
+        str(annotations.get(APPROVE_ANNOTATION) or "").strip(),
+    }
+    return str(record.get("planID") or "") in named
 
 
 def rejected_plan(stack: Mapping[str, Any]) -> str:

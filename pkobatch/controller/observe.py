@@ -40,6 +40,7 @@ from pkobatch.api.objects import JSON, job_finished, owned_by
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
+from pkobatch.controller import approval
 from pkobatch.controller.fold import (
     JOB_CONTROLLER_UID_LABEL,
     job_without_pod,
@@ -84,14 +85,20 @@ def of_stack(obj: Mapping[str, Any], uid: str) -> bool:
 
 def run_awaited_for(stack: Mapping[str, Any]) -> tuple[int, str] | None:
     """The change (generation, reconcile request) that still awaits its run — neither the
-    last run nor the one in progress was for it — else None. Such a run uses a branch head
+    last run, the one in progress nor a saved plan (``status.approval``) was for it — else
+    None. Such a run uses a branch head
     fetched after the change was seen (``GitPoller.head(fresh_for=...)``), as PKO's
     per-reconcile ``ls-remote`` does."""
     meta = stack.get("metadata") or {}
     status = stack.get("status")
     request = str((meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or "")
     change = (int(meta.get("generation") or 0), request)
-    for recorded in (last_update(status), current_update(status)):
+    saved_plan = status.get("approval") if isinstance(status, Mapping) else None
+    for recorded in (
+        last_update(status),
+        current_update(status),
+        saved_plan if isinstance(saved_plan, Mapping) else {},
+    ):
         if (recorded.get("generation"), str(recorded.get("reconcileRequest") or "")) == change:
             return None
     return change
@@ -169,6 +176,13 @@ class Observer:
                     prerequisite = self._get(STACKS, name, key.namespace)
                 prerequisites[name] = prerequisite
 
+        managed_fields: list[JSON] = []
+        if approval.names_pending_plan(stack):
+            live_stack = self._get(STACKS, key.name, key.namespace)
+            managed_fields = list(
+                ((live_stack or {}).get("metadata") or {}).get("managedFields") or []
+            )
+
         return Observed(
             stack=stack,
             source_object=self._source_object(key.namespace, spec),
@@ -180,6 +194,7 @@ class Observer:
             namespace_terminating=self._namespace_terminating(stack),
             pod_creation_failures=pod_creation_failures,
             run_pods=run_pods,
+            managed_fields=managed_fields,
         )
 
     def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:

@@ -209,6 +209,9 @@ class Observed:
     # Job name -> its pods; read only for the current Job when they alone can tell what
     # happened (see fold.pod_status_matters).
     run_pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    # The Stack's managedFields, read live only when it approves its pending plan (they name
+    # the approver; the cache drops them).
+    managed_fields: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -1206,7 +1209,7 @@ class _Planner:
         decision = approval.decide(
             record,
             target,
-            approval.approvals(self.obs.stack, manifest),
+            approval.approvals(self.obs.stack, manifest, self.obs.managed_fields),
             approval.rejected_plan(self.obs.stack),
             self.now,
             cooldown(failures - 1, spec, self.settings),

@@ -103,6 +103,10 @@ CLUSTERROLEBINDINGS: Final = Resource(
 SELF_SUBJECT_ACCESS_REVIEWS: Final = Resource(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False
 )
+# Who the API server takes the caller for (the approver's name of `pkobatch approve`).
+SELF_SUBJECT_REVIEWS: Final = Resource(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False
+)
 DEPLOYMENTS: Final = Resource("apps", "v1", "deployments", "Deployment")
 
 

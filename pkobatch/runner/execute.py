@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from pulumi.automation import CommandError, Stack, StackNotFoundError
+from pulumi.automation import CommandError, Stack, StackNotFoundError, StackSettings
 
 from pkobatch.api.constants import ResultReason
 from pkobatch.api.messages import bound_message
@@ -57,6 +57,7 @@ from pkobatch.runner.exports import (
 from pkobatch.runner.failures import RunFailure, classify_pulumi_error
 from pkobatch.runner.plans import (
     PlanStore,
+    encryption_from_secret,
     load_plan,
     plan_from_secret,
     plan_secret,
@@ -151,6 +152,8 @@ class _Run:
     plan_store: PlanStore | None = None
     # The run's private directory (checkout, credential helpers, plan files).
     private: Path | None = None
+    # The approved plan's file, for ``up --plan`` (spec.approval).
+    plan_file: str | None = None
 
 
 def execute(
@@ -291,6 +294,8 @@ def _execute(run: _Run) -> OperationOutput:
         if stack is None:
             _remove_exported(run, spec)
             return OperationOutput(message=f"stack {spec.stack} does not exist; nothing to destroy")
+        if snapshot.apply_plan is not None:
+            run.plan_file = _approved_plan(run, workspace, stack.name)
         if config:
             log.step(f"setting {len(config)} config value(s)")
             config_plan = plan_config(config)
@@ -622,7 +627,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
     log.step(f"running {operation}")
     if operation == "up":
         up = stack.up(
-            plan=_approved_plan(run),
+            plan=run.plan_file,
             target=targets,
             target_dependents=target_dependents,
             refresh=refresh,
@@ -655,7 +660,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
             permalink=find_permalink(preview.stdout),
         )
         if plan_file is not None:
-            _save_plan(run, plan_file, previewed)
+            _save_plan(run, plan_file, previewed, stack)
         return previewed
     if operation == "refresh":
         refreshed = stack.refresh(
@@ -689,7 +694,7 @@ def _private_file(run: _Run, name: str) -> Path:
     return run.private / name
 
 
-def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput) -> None:
+def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput, stack: Stack) -> None:
     """Store the plan a preview saved in its Secret (spec.approval); fill in its id and steps."""
     save = run.snapshot.save_plan
     assert save is not None
@@ -698,8 +703,22 @@ def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput) -> None:
     text = plan_file.read_bytes()
     outcome.plan_id = plan_id(text, run.commit, run.snapshot.spec)
     outcome.planned, outcome.planned_count = planned_steps(load_plan(text))
+    try:
+        settings = stack.workspace.stack_settings(stack.name)
+        encryption = {
+            "encryptionsalt": settings.encryption_salt or "",
+            "encryptedkey": settings.encrypted_key or "",
+        }
+    except FileNotFoundError:
+        encryption = {}
     body = plan_secret(
-        save.secret, text, outcome.plan_id, run.snapshot.stack, run.snapshot.job_name, run.env
+        save.secret,
+        text,
+        outcome.plan_id,
+        run.snapshot.stack,
+        run.snapshot.job_name,
+        run.env,
+        encryption,
     )
     try:
         run.plan_store.create_plan(body)
@@ -708,11 +727,11 @@ def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput) -> None:
     run.log.step(f"saved plan {outcome.plan_id} in Secret {save.secret}")
 
 
-def _approved_plan(run: _Run) -> str | None:
-    """The approved plan's file for ``up --plan``, after checking it is the approved one."""
+def _approved_plan(run: _Run, workspace: RunnerWorkspace, stack_name: str) -> str:
+    """The approved plan's file for ``up --plan``, after checking it is the approved one;
+    the stack settings its config ciphertexts need are restored first."""
     apply = run.snapshot.apply_plan
-    if apply is None:
-        return None
+    assert apply is not None
     if run.plan_store is None:
         raise RunFailure("JobFailed", "an approved plan can only be read in a cluster")
     try:
@@ -729,6 +748,15 @@ def _approved_plan(run: _Run) -> str | None:
             f"Secret {apply.secret} holds plan {found} at commit {run.commit}, not the approved "
             f"plan {apply.id}; nothing was applied",
         )
+    encryption = encryption_from_secret(secret)
+    if encryption:
+        try:
+            settings = workspace.stack_settings(stack_name)
+        except FileNotFoundError:
+            settings = StackSettings()
+        settings.encryption_salt = encryption.get("encryptionsalt") or settings.encryption_salt
+        settings.encrypted_key = encryption.get("encryptedkey") or settings.encrypted_key
+        workspace.save_stack_settings(stack_name, settings)
     path = _private_file(run, "approved-plan.json")
     path.write_bytes(text)
     run.log.step(f"applying approved plan {apply.id}")

@@ -33,6 +33,10 @@ from pkobatch.api.run import (
 from pkobatch.runner.failures import RunFailure
 
 PLAN_LABEL: Final = "pkobatch.io/plan-of"
+# The stack settings a plan's config ciphertexts depend on: a new stack gets its passphrase
+# salt (or encrypted data key) when the preview creates it, in a file the preview's workspace
+# holds; the approved update restores them (they are not secret: projects commit them).
+ENCRYPTION_KEYS: Final = ("encryptionsalt", "encryptedkey")
 # Steps of a plan that change nothing.
 _UNCHANGED: Final = frozenset({"same", "read"})
 
@@ -60,7 +64,13 @@ def planned_steps(plan: Mapping[str, Any]) -> tuple[list[PlannedStep], int]:
 
 
 def plan_secret(
-    name: str, plan: bytes, plan_id: str, stack: StackRef, job: str, env: Mapping[str, str]
+    name: str,
+    plan: bytes,
+    plan_id: str,
+    stack: StackRef,
+    job: str,
+    env: Mapping[str, str],
+    encryption: Mapping[str, str] | None = None,
 ) -> JSON:
     """The Secret that holds ``plan``, owned by the run's Job (its UID from the pod's env)."""
     compressed = gzip.compress(plan, mtime=0)
@@ -90,8 +100,21 @@ def plan_secret(
                 {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": job_uid}
             ],
         },
-        "data": {PLAN_KEY: base64.b64encode(compressed).decode("ascii")},
+        "data": {
+            PLAN_KEY: base64.b64encode(compressed).decode("ascii"),
+            **{
+                key: base64.b64encode(value.encode()).decode("ascii")
+                for key, value in (encryption or {}).items()
+                if key in ENCRYPTION_KEYS and value
+            },
+        },
     }
+
+
+def encryption_from_secret(secret: Mapping[str, Any]) -> dict[str, str]:
+    """The stack settings ``plan_secret`` kept beside the plan."""
+    data = secret.get("data") or {}
+    return {key: base64.b64decode(data[key]).decode() for key in ENCRYPTION_KEYS if data.get(key)}
 
 
 def plan_from_secret(secret: Mapping[str, Any], name: str) -> bytes:

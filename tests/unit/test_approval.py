@@ -309,8 +309,9 @@ def test_the_approver_is_the_latest_manager_of_the_approving_field() -> None:
             },
         ]
     }
-    assert approval.field_manager(meta, ("f:spec", "f:approval", "f:approvedPlan")) == "carol"
-    assert approval.field_manager(meta, ("f:metadata",)) == ""
+    fields = meta["managedFields"]
+    assert approval.field_manager(fields, ("f:spec", "f:approval", "f:approvedPlan")) == "carol"
+    assert approval.field_manager(fields, ("f:metadata",)) == ""
 
 
 def test_summary_in_pulumis_words() -> None:

@@ -503,6 +503,10 @@ def test_a_run_awaits_a_change_until_a_run_for_it_is_recorded_or_in_progress() -
     assert run_awaited_for({"metadata": meta, "status": {"lastUpdate": now}}) is None
     status = {"lastUpdate": old, "currentUpdate": now}
     assert run_awaited_for({"metadata": meta, "status": status}) is None
+    # A plan saved for the change (spec.approval) is its run until approved: the head it was
+    # made at stays the answer, so the pending plan's status does not flicker.
+    status = {"lastUpdate": old, "approval": {**now, "state": "Pending"}}
+    assert run_awaited_for({"metadata": meta, "status": status}) is None
 
 
 class FreshnessRecorder(GitPoller):

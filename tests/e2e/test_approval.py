@@ -1,0 +1,218 @@
+"""spec.approval end to end: the real controller (under its own ServiceAccount and RBAC),
+real Jobs, the real Pulumi CLI saving and applying update plans, and `pkobatch plan /
+approve / reject / get` against it.
+
+The program (tests/fixtures/programs/k8s-yaml) manages a ConfigMap and a Deployment in the
+test's namespace with the Kubernetes provider: the tests look at those objects to prove
+nothing changed before an approval. (Not the Python test program: its dynamic provider is
+stored pickled with the path of its checkout, which differs from run to run, so its plans
+never match — see docs/api.md.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+from controller_harness import (
+    ControllerProcess,
+    apply_stack,
+    condition,
+    last_update,
+    ready,
+    stack_jobs,
+    wait_stack,
+)
+from test_controller_runs import assert_not_leaked
+from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kubernetes_spec
+
+from pkobatch.dev.processes import wait_until
+from pkobatch.kube.client import CONFIGMAPS, DEPLOYMENTS, JOBS, SECRETS, STACKS, Kube
+
+pytestmark = pytest.mark.e2e
+JSON = dict[str, Any]
+
+
+def approval(stack: JSON) -> JSON:
+    return dict((stack.get("status") or {}).get("approval") or {})
+
+
+def plan_pending(plan_id: str = "") -> Callable[[JSON], bool]:
+    """A plan (other than ``plan_id``) awaits approval."""
+
+    def check(stack: JSON) -> bool:
+        record = approval(stack)
+        return record.get("state") == "Pending" and record.get("planID") != plan_id
+
+    return check
+
+
+def managed(kube: Kube, namespace: str) -> tuple[str | None, bool]:
+    """The program's objects: its ConfigMap's message (None: none) and whether its
+    Deployment exists."""
+    settings = kube.get_or_none(CONFIGMAPS, f"{APP}-settings", namespace)
+    message = None if settings is None else settings["data"]["message"]
+    return message, kube.get_or_none(DEPLOYMENTS, APP, namespace) is not None
+
+
+def test_a_change_waits_for_approval_and_runs_exactly_the_reviewed_plan(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    cli: Callable[..., Result],
+    kubernetes_provider: Path,
+) -> None:
+    grant_program_rules(kube, namespace, PROGRAM_RULES)
+    spec = kubernetes_spec(git_repo("k8s-yaml"), pulumi_env, namespace)
+    spec["approval"] = {"required": True}
+    apply_stack(kube, namespace, "app", spec)
+
+    # The first update: a preview saves a plan, and nothing changes.
+    stack = wait_stack(kube, namespace, "app", plan_pending(), what="the first plan")
+    record = approval(stack)
+    assert record["summary"] == "3 to create"
+    assert record["planID"].startswith("plan-")
+    assert {r["op"] for r in record["resources"]} == {"create"}
+    assert managed(kube, namespace) == (None, False)
+    assert "lastUpdate" not in stack["status"]
+    assert condition(stack, "Ready")["status"] == "False"
+    assert condition(stack, "ApprovalPending")["status"] == "True"
+    assert record["planID"] in condition(stack, "ApprovalPending")["message"]
+    # The plan is in a Secret owned by the preview Job (which has no TTL).
+    plan_secret = kube.get(SECRETS, record["planSecret"], namespace)
+    preview = kube.get(JOBS, record["previewJob"], namespace)
+    assert plan_secret["metadata"]["ownerReferences"][0]["uid"] == preview["metadata"]["uid"]
+    assert "ttlSecondsAfterFinished" not in preview["spec"]
+
+    listed = cli("get")
+    assert listed.exit_code == 0, listed.output
+    assert "ApprovalPending" in listed.stdout and record["planID"] in listed.stdout
+    shown = cli("plan", "app")
+    assert shown.exit_code == 0, shown.output
+    assert f"plan {record['planID']} for stack app: 3 to create" in shown.stdout
+    assert (
+        "create: urn:pulumi:dev::pkobatch-test-k8s-yaml::kubernetes:core/v1:ConfigMap::settings"
+        in shown.stdout
+    )
+
+    approved = cli("approve", "app", "--yes", "--wait")
+    assert approved.exit_code == 0, approved.output
+    assert approved.stdout.startswith(f"approve succeeded: {namespace}/app")
+    stack = wait_stack(kube, namespace, "app", ready)
+    record = approval(stack)
+    assert record["state"] == "Applied"
+    assert record["approvedBy"].startswith("pkobatch-cli:")
+    assert record["approvedVia"] == "pkobatch.io/approve"
+    assert last_update(stack)["name"] == record["updateJob"]
+    assert stack["status"]["outputs"]["message"] == "hello"
+    assert managed(kube, namespace) == ("hello", True)
+    # The plan was used: its preview Job goes, and the garbage collector takes the Secret.
+    wait_until(
+        lambda: kube.get_or_none(SECRETS, record["planSecret"], namespace) is None,
+        timeout=120,
+        what="the used plan's Secret to be deleted",
+    )
+
+    # An edit: a new plan; approving a wrong id by spec is ignored, the right one applies.
+    first_plan = record["planID"]
+    spec["config"]["message"] = "changed"
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", plan_pending(first_plan), what="the new plan")
+    plan_id = approval(stack)["planID"]
+    assert approval(stack)["summary"] == "2 to replace"  # the provider replaces ConfigMaps
+    assert managed(kube, namespace) == ("hello", True)
+    spec["approval"] = {"required": True, "approvedPlan": "plan-00000000000000000000"}
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (
+            "spec.approval.approvedPlan names plan-00000000000000000000, which is not the "
+            "pending plan: ignored" in condition(s, "ApprovalPending").get("message", "")
+        ),
+        what="the wrong plan id to be reported",
+    )
+    assert approval(stack)["planID"] == plan_id and approval(stack)["state"] == "Pending"
+    assert managed(kube, namespace) == ("hello", True)
+    spec["approval"] = {"required": True, "approvedPlan": plan_id}
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: ready(s) and approval(s).get("state") == "Applied"
+    )
+    assert approval(stack)["approvedVia"] == "spec.approval.approvedPlan"
+    assert approval(stack)["approvedBy"] == "pkobatch-cli"  # apply_stack's field manager
+    assert stack["status"]["outputs"]["message"] == "changed"
+    assert managed(kube, namespace) == ("changed", True)
+
+    # No secret value in a plan summary, status, Event, Job, ConfigMap or log.
+    sentinels = [secrets["pulumi"]["passphrase"], secrets["git"]["password"]]
+    for job in stack_jobs(kube, namespace, "app"):
+        assert_not_leaked(cluster, kube, controller, namespace, job["metadata"]["name"], sentinels)
+
+
+def test_a_stale_plan_is_never_applied_and_a_new_one_is_made(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    cli: Callable[..., Result],
+    kubernetes_provider: Path,
+) -> None:
+    grant_program_rules(kube, namespace, PROGRAM_RULES)
+    repo = git_repo("k8s-yaml")
+    content = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "content"}}
+    kube.create(CONFIGMAPS, {**content, "data": {"message": "reviewed"}}, namespace)
+    spec = kubernetes_spec(repo, pulumi_env, namespace, approval={"required": True})
+    spec["configRef"] = {"message": {"name": "content", "key": "message"}}
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", plan_pending(), what="the first plan")
+    reviewed = approval(stack)["planID"]
+
+    # The program's input changes behind the controller's back (a ConfigMap it does not
+    # watch): the approved update refuses the stale plan and applies nothing.
+    kube.replace(
+        CONFIGMAPS,
+        {**kube.get(CONFIGMAPS, "content", namespace), "data": {"message": "unreviewed"}},
+        namespace,
+    )
+    approved = cli("approve", "app", "--plan", reviewed, "--yes", "--wait")
+    assert approved.exit_code == 1, approved.output
+    stack = kube.get(STACKS, "app", namespace)
+    assert last_update(stack)["reason"] == "PlanMismatch"
+    assert "violates plan" in last_update(stack)["message"]
+    assert managed(kube, namespace) == (None, False)
+    # ... and a new plan, for what the program would do now, awaits review.
+    stack = wait_stack(kube, namespace, "app", plan_pending(reviewed), what="a new plan")
+    fresh = approval(stack)["planID"]
+    assert managed(kube, namespace) == (None, False)
+
+    # A new commit supersedes the pending plan; approving the superseded id is refused.
+    repo.update({"README.md": "a new commit\n"}, "docs")
+    stack = wait_stack(kube, namespace, "app", plan_pending(fresh), what="a plan of the commit")
+    stale = cli("approve", "app", "--plan", fresh, "--yes")
+    assert stale.exit_code == 1 and "not the plan awaiting approval" in stale.output
+    assert kube.get_or_none(JOBS, approval(stack)["previewJob"], namespace) is not None
+
+    # Reject discards the plan: nothing runs, its Secret goes.
+    current = approval(stack)
+    rejected = cli("reject", "app")
+    assert rejected.exit_code == 0, rejected.output
+    stack = wait_stack(kube, namespace, "app", lambda s: approval(s).get("state") == "Rejected")
+    wait_until(
+        lambda: kube.get_or_none(SECRETS, current["planSecret"], namespace) is None,
+        timeout=120,
+        what="the rejected plan's Secret to be deleted",
+    )
+    assert managed(kube, namespace) == (None, False)
+    assert json.dumps(stack["status"]).count(secrets["pulumi"]["passphrase"]) == 0
