@@ -12,7 +12,8 @@ reads:
 - Jobs: metadata, ``spec.activeDeadlineSeconds`` (the deadline a failed run reports) and
   ``status``; not the pod template, which is most of a Job and only the Job controller reads;
 - result ConfigMaps: metadata and ``result.json`` reduced to the fields folding reads
-  (``FOLDED_RESULT_FIELDS``); unreadable JSON is kept as it is, so folding reports it.
+  (``FOLDED_RESULT_FIELDS``, and ``SAVED_PLAN_FIELDS`` of a preview that saved a plan for
+  approval); unreadable JSON is kept as it is, so folding reports it.
 
 Live reads (``Kube.get``) return whole objects; nothing here changes what is written.
 """
@@ -65,6 +66,10 @@ FOLDED_RESULT_FIELDS: Final = frozenset(
         "projectInfo",
         "clearedLocks",
     }
+)
+# And of a preview that saved a plan (spec.approval): what status.approval shows of it.
+SAVED_PLAN_FIELDS: Final = frozenset(
+    {"planID", "changes", "plannedResources", "plannedResourceCount"}
 )
 
 
@@ -123,7 +128,10 @@ def folded_result(text: str) -> str:
         return text
     if not isinstance(result, dict):
         return text
-    kept = {key: value for key, value in result.items() if key in FOLDED_RESULT_FIELDS}
+    fields = (
+        FOLDED_RESULT_FIELDS | SAVED_PLAN_FIELDS if result.get("planID") else FOLDED_RESULT_FIELDS
+    )
+    kept = {key: value for key, value in result.items() if key in fields}
     return json.dumps(kept, separators=(",", ":"))
 
 

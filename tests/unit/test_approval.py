@@ -21,6 +21,7 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.run import SNAPSHOT_FLAG, PlannedStep, RunResult, RunSnapshot, plan_id
 from pkobatch.controller import approval
+from pkobatch.controller.cache import cache_result
 from pkobatch.controller.jobs import Run
 
 APPROVAL_SPEC: dict[str, Any] = {**GIT_SPEC, "approval": {"required": True}}
@@ -329,3 +330,14 @@ def test_a_preview_that_failed_too_often_stalls() -> None:
 
 def world_now() -> Any:
     return World().now
+
+
+def test_the_controllers_cache_keeps_what_a_saved_plan_folds_into() -> None:
+    world = World(json.loads(json.dumps(APPROVAL_SPEC)))
+    world.step()
+    name = finish_preview(world)
+    cached = cache_result({"kind": "ConfigMap", **world.results[name]})
+    result = RunResult.model_validate_json(cached["data"][RESULT_KEY])
+    assert result.plan_id == PLAN
+    assert result.changes == CHANGES
+    assert result.planned_resource_count == 2 and result.planned_resources
