@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import Result
 from controller_harness import (
     ControllerProcess,
@@ -33,7 +32,6 @@ from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kuber
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, DEPLOYMENTS, JOBS, SECRETS, STACKS, Kube
 
-pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 
 
