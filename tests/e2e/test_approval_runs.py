@@ -31,6 +31,7 @@ from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kuber
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, DEPLOYMENTS, JOBS, SECRETS, STACKS, Kube
+from pkobatch.runner.plans import plan_from_secret
 
 JSON = dict[str, Any]
 
@@ -71,6 +72,8 @@ def test_a_change_waits_for_approval_and_runs_exactly_the_reviewed_plan(
     grant_program_rules(kube, namespace, PROGRAM_RULES)
     spec = kubernetes_spec(git_repo("k8s-yaml"), pulumi_env, namespace)
     spec["approval"] = {"required": True}
+    # A secret config value (a sentinel): its ciphertext is in the plan, its value nowhere.
+    spec["secretsRef"] = {"token": {"type": "Secret", "secret": {"name": "pulumi", "key": "token"}}}
     apply_stack(kube, namespace, "app", spec)
 
     # The first update: a preview saves a plan, and nothing changes.
@@ -89,6 +92,10 @@ def test_a_change_waits_for_approval_and_runs_exactly_the_reviewed_plan(
     preview = kube.get(JOBS, record["previewJob"], namespace)
     assert plan_secret["metadata"]["ownerReferences"][0]["uid"] == preview["metadata"]["uid"]
     assert "ttlSecondsAfterFinished" not in preview["spec"]
+    # It holds the secret config value encrypted by the stack's secrets provider, never plain.
+    saved = json.loads(plan_from_secret(plan_secret, record["planSecret"]))
+    assert "secure" in saved["config"]["pkobatch-test-k8s-yaml:token"]
+    assert secrets["pulumi"]["token"] not in json.dumps(saved)
 
     listed = cli("get")
     assert listed.exit_code == 0, listed.output
@@ -152,7 +159,11 @@ def test_a_change_waits_for_approval_and_runs_exactly_the_reviewed_plan(
     assert managed(kube, namespace) == ("changed", True)
 
     # No secret value in a plan summary, status, Event, Job, ConfigMap or log.
-    sentinels = [secrets["pulumi"]["passphrase"], secrets["git"]["password"]]
+    sentinels = [
+        secrets["pulumi"]["token"],
+        secrets["pulumi"]["passphrase"],
+        secrets["git"]["password"],
+    ]
     for job in stack_jobs(kube, namespace, "app"):
         assert_not_leaked(cluster, kube, controller, namespace, job["metadata"]["name"], sentinels)
 
