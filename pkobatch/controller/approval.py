@@ -271,12 +271,13 @@ def pending_message(record: Mapping[str, Any], approvers: Sequence[Approver]) ->
 # -- records --------------------------------------------------------------------------------
 
 
-def previewing(target: str, run: Run, job: str, attempt: int) -> JSON:
-    """``status.approval`` while the preview of ``run`` saves a plan."""
+def previewing(target: str, run: Run, job: str, attempt: int, reason: str) -> JSON:
+    """``status.approval`` while the preview of ``run`` saves a plan; ``reason`` is why the
+    Stack wants an update (``new commit <sha>``, ``scheduled run <time>``, ...)."""
     return {
         "state": "Previewing",
         "target": target,
-        "trigger": run.trigger.partition("#")[2] or run.trigger,
+        "trigger": reason,
         "generation": run.generation,
         "reconcileRequest": run.reconcile_request,
         "commit": run.commit,
@@ -295,9 +296,10 @@ def folded_preview(record: Mapping[str, Any], run: Run, job: str, outcome: Outco
     """``status.approval`` once the preview ``job`` ended."""
     target = run.trigger.partition("#")[0].rpartition(":")[0]
     result = outcome.result
+    same = record.get("target") == target
     base: JSON = {
         "target": target,
-        "trigger": run.trigger.partition("#")[2],
+        "trigger": record.get("trigger") if same else run.trigger.partition("#")[2],
         "generation": run.generation,
         "reconcileRequest": run.reconcile_request,
         "commit": (result.commit if result is not None and result.commit else run.commit),
@@ -305,7 +307,7 @@ def folded_preview(record: Mapping[str, Any], run: Run, job: str, outcome: Outco
         "createdTime": format_time(outcome.finished_at),
     }
     if not outcome.succeeded or result is None or not result.plan_id:
-        failures = int(record.get("failures") or 0) + 1 if record.get("target") == target else 1
+        failures = int(record.get("failures") or 0) + 1 if same else 1
         return {
             **base,
             "state": "PreviewFailed",

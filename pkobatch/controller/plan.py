@@ -1226,7 +1226,9 @@ class _Planner:
             )
             name = job_name(self.name, self.uid, run)
             if self._start(run, f"{reason} (spec.approval: saving a plan to review)"):
-                self.status["approval"] = approval.previewing(target, run, name, decision.attempt)
+                self.status["approval"] = approval.previewing(
+                    target, run, name, decision.attempt, reason
+                )
                 self._reconciling(
                     RECONCILING_PROCESSING_REASON,
                     f"preview {name} is saving a plan for approval",

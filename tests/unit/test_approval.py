@@ -23,6 +23,7 @@ from pkobatch.api.run import SNAPSHOT_FLAG, PlannedStep, RunResult, RunSnapshot,
 from pkobatch.controller import approval
 from pkobatch.controller.cache import cache_result
 from pkobatch.controller.jobs import Run
+from pkobatch.controller.notify import occurrences
 
 APPROVAL_SPEC: dict[str, Any] = {**GIT_SPEC, "approval": {"required": True}}
 PLAN = "plan-00000000000000000001"
@@ -109,7 +110,7 @@ def test_a_saved_plan_is_shown_and_nothing_runs_until_approved() -> None:
     assert record["commit"] == SHA1
     assert record["planSecret"] == f"{preview}-plan"
     assert record["resources"] == [{"urn": "urn:pulumi:dev::app::x::file-0", "op": "create"}]
-    assert record["trigger"].startswith("after:")
+    assert record["trigger"] == "initial stack update"
     assert world.active_jobs() == []
     pending = world.condition("ApprovalPending")
     assert pending["status"] == "True" and PLAN in pending["message"]
@@ -186,6 +187,7 @@ def test_a_new_commit_supersedes_the_unapproved_plan_and_makes_a_new_one() -> No
     name = world.current_job()
     run = job_run(world, name)
     assert (run.operation, run.kind, run.commit) == ("preview", "approval", SHA2)
+    assert world.status["approval"]["commit"] == SHA2
     # Approving the superseded plan now does nothing.
     approve_by_annotation(world, PLAN)
     finish_preview(world, plan="plan-00000000000000000002", commit=SHA2)
@@ -341,3 +343,15 @@ def test_the_controllers_cache_keeps_what_a_saved_plan_folds_into() -> None:
     assert result.plan_id == PLAN
     assert result.changes == CHANGES
     assert result.planned_resource_count == 2 and result.planned_resources
+
+
+def test_a_pending_plan_is_notified_once() -> None:
+    world = World(json.loads(json.dumps(APPROVAL_SPEC)))
+    world.step()
+    finish_preview(world)
+    before = json.loads(json.dumps(world.status))
+    world.step()
+    found = occurrences(before, world.status, world.now)
+    assert [(o.id, o.event) for o in found] == [(f"approval-pending/{PLAN}", "approval-pending")]
+    assert "2 to create" in found[0].summary and found[0].operation == "preview"
+    assert occurrences(world.status, world.status, world.now) == []
