@@ -29,7 +29,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -41,7 +40,7 @@ import yaml
 
 from pkobatch.api.constants import FIELD_MANAGER_CLI, STACK_LABEL
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
-from pkobatch.dev.processes import wait_until
+from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
@@ -114,12 +113,6 @@ def bind_runner(kube: Kube, namespace: str) -> None:
     """What deploy/kustomize/runner does in a tenant namespace (the SA already exists)."""
     binding = yaml.safe_load((REPO / "deploy/kustomize/runner/rolebinding.yaml").read_text())
     _apply(kube, ROLEBINDINGS, binding, namespace)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> str:
