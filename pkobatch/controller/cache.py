@@ -10,7 +10,8 @@ reads:
   (``pkobatch.io/``, ``pulumi.com/``); label keys and values, kinds and API versions are
   interned (the same few strings repeat in every object);
 - Jobs: metadata, ``spec.activeDeadlineSeconds`` (the deadline a failed run reports) and
-  ``status``; not the pod template, which is most of a Job and only the Job controller reads;
+  the pod counts, times and conditions of ``status``; not the pod template, which is most
+  of a Job and only the Job controller reads;
 - result ConfigMaps: metadata and ``result.json`` reduced to the fields folding reads
   (``FOLDED_RESULT_FIELDS``, and ``SAVED_PLAN_FIELDS`` of a preview that saved a plan for
   approval); unreadable JSON is kept as it is, so folding reports it.
@@ -43,6 +44,18 @@ KEPT_METADATA: Final = (
     "finalizers",
 )
 KEPT_JOB_SPEC: Final = ("activeDeadlineSeconds",)
+# What fold and plan read of a Job's status (pod counts, times, conditions).
+KEPT_JOB_STATUS: Final = (
+    "active",
+    "ready",
+    "succeeded",
+    "failed",
+    "terminating",
+    "startTime",
+    "completionTime",
+)
+KEPT_CONDITION: Final = ("type", "status", "reason", "message", "lastTransitionTime")
+KEPT_OWNER_REFERENCE: Final = ("apiVersion", "kind", "name", "uid", "controller")
 # The RunResult fields pkobatch.controller.fold and plan read (``read_result``, ``job_outcome``,
 # ``fold_status``, outputs, project info, drift, cleared locks) and the ones the model requires.
 FOLDED_RESULT_FIELDS: Final = frozenset(
@@ -96,7 +109,10 @@ def _metadata(meta: Mapping[str, Any]) -> JSON:
     else:
         kept.pop("annotations", None)
     if kept.get("ownerReferences"):
-        kept["ownerReferences"] = [_interned(owner) for owner in kept["ownerReferences"]]
+        kept["ownerReferences"] = [
+            _interned({key: owner[key] for key in KEPT_OWNER_REFERENCE if key in owner})
+            for owner in kept["ownerReferences"]
+        ]
     return kept
 
 
@@ -115,8 +131,16 @@ def cache_job(obj: JSON) -> JSON:
     spec = obj.get("spec") or {}
     kept: JSON = {**_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
     kept["spec"] = {key: spec[key] for key in KEPT_JOB_SPEC if key in spec}
-    if "status" in obj:
-        kept["status"] = obj["status"]
+    status = obj.get("status")
+    if isinstance(status, dict):
+        kept_status = {key: status[key] for key in KEPT_JOB_STATUS if key in status}
+        if status.get("conditions"):
+            # The same few condition types, reasons and messages recur in every Job.
+            kept_status["conditions"] = [
+                _interned({key: c[key] for key in KEPT_CONDITION if key in c})
+                for c in status["conditions"]
+            ]
+        kept["status"] = kept_status
     return kept
 
 
