@@ -6,7 +6,8 @@ recovered, drift detected, destroyed — including an event that was pending (it
 holding the request unanswered) when the controller was SIGKILLed. A second Stack uses the
 namespace default: a Slack receiver that gets its stall, and two that are down, one refusing
 connections, one accepting and never answering; neither delays the first Stack's messages,
-and the refused one is given up with a ``NotificationFailed`` Event. The receivers'
+and the refused one is given up with a ``NotificationFailed`` Event. A Stack in approval mode
+announces its plan awaiting approval once. The receivers'
 URLs and the signing key are sentinels: they appear in no body, status, Event or log.
 """
 
@@ -37,6 +38,7 @@ from controller_harness import (
     wait_stack,
 )
 from sentinels import plant
+from test_program_runtimes import PROGRAM_RULES, grant_program_rules, kubernetes_spec
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, EVENTS, STACKS, Kube
@@ -388,3 +390,43 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
 def current(stack: JSON) -> bool:
     last = (stack.get("status") or {}).get("lastUpdate") or {}
     return bool(last.get("generation") == stack["metadata"]["generation"])
+
+
+def test_a_plan_awaiting_approval_is_announced_once(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    kubernetes_provider: Path,
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
+) -> None:
+    inbox, port = receivers_on_loopback()
+    signing_key = plant("notify-approval-key")
+    hook_secret(kube, namespace, "ops-hook", f"http://127.0.0.1:{port}/hook", signing_key)
+    grant_program_rules(kube, namespace, PROGRAM_RULES)
+    spec = kubernetes_spec(git_repo("k8s-yaml"), pulumi_env, namespace)
+    spec["approval"] = {"required": True}
+    spec["notifications"] = {**receivers("ops"), "events": ["approval-pending"]}
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: (s.get("status") or {}).get("approval", {}).get("state") == "Pending",
+        what="a plan awaiting approval",
+    )
+    record = stack["status"]["approval"]
+    wait_until(lambda: len(inbox.accepted()) == 1, timeout=120, what="the approval message")
+    wait_stack(kube, namespace, "app", lambda s: not pending(s), what="the delivery recorded")
+    (message,) = inbox.accepted()
+    assert message["event"] == "approval-pending"
+    assert message["eventId"] == f"approval-pending/{record['planID']}"
+    assert message["run"] == {"name": record["previewJob"], "operation": "preview"}
+    assert message["summary"].startswith(f"plan {record['planID']} awaits approval")
+    (request,) = inbox.requests()
+    digest = hmac.new(signing_key.encode(), request.body, hashlib.sha256).hexdigest()
+    assert request.headers["X-Pkobatch-Signature"] == f"sha256={digest}"
+    # Nothing else happens until someone approves: no second message.
+    assert len(inbox.accepted()) == 1
