@@ -20,10 +20,19 @@ language host from scripts/tools.sh), run alternately:
     select`, `config set-all`, `up`, `stack output --json`, `stack history` (the update's
     summary), from a shell.
 
-Before timing, one traced run of each side records the Pulumi CLI subcommands it makes; the
-benchmark stops when the two sides differ, so the comparison stays like for like. "cold" is
-the runner's first run with an empty cache, "warm" the rest. Prints medians and the ratios
-runner / baseline (target: warm <= 1.3).
+Before timing, one traced run of each side (a `pulumi` first on PATH that logs its
+arguments) records the Pulumi CLI subcommands it makes; the benchmark stops when the two sides
+differ, so the comparison stays like for like. Both sides make, per no-change up:
+
+- Python: `version`, `stack select`, `config set-all`, `up`, `stack output` (masked: no
+  `--show-secrets`), `stack history`;
+- YAML: `version`, `install`, `stack select`, `config set-all`, `up`, `stack output`,
+  `stack history`.
+
+(The runner starts `version` while it checks out the source, see
+pkobatch/runner/pulumi_start.py; the other calls run one after another on both sides.)
+"cold" is the runner's first run with an empty cache, "warm" the rest. Prints medians and the
+ratios runner / baseline (target: warm <= 1.3).
 """
 
 from __future__ import annotations

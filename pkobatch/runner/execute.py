@@ -35,9 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
-
-from pulumi.automation import CommandError, Stack, StackNotFoundError, StackSettings
+from typing import TYPE_CHECKING, Any, Final
 
 from pkobatch.api.constants import ResultReason
 from pkobatch.api.messages import bound_message
@@ -54,7 +52,7 @@ from pkobatch.runner.exports import (
     hidden_values,
     plan_export,
 )
-from pkobatch.runner.failures import RunFailure, classify_pulumi_error
+from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.plans import (
     PlanStore,
     encryption_from_secret,
@@ -63,7 +61,7 @@ from pkobatch.runner.plans import (
     plan_secret,
     planned_steps,
 )
-from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace, command_output
+from pkobatch.runner.pulumi_start import PulumiStart, pulumi_command_failure
 from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
 from pkobatch.runner.run_log import RunLog, scrubbed_output
@@ -87,6 +85,13 @@ from pkobatch.runner.workspace import (
     prepare_python_program,
     write_state_only_project,
 )
+
+if TYPE_CHECKING:
+    # The Automation API loads on a thread while the source is fetched (pulumi_start); the
+    # functions that run after that import it where they use it.
+    from pulumi.automation import CommandError, Stack
+
+    from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace
 
 # Backends that are not Pulumi Cloud, and so cannot resolve ESC environments.
 DIY_BACKEND_SCHEMES: Final = ("file://", "s3://", "gs://", "azblob://", "postgres://")
@@ -185,13 +190,13 @@ def execute(
         message = "\n".join([*run.notes, outcome.message]).strip()
     except RunFailure as failure:
         reason, message = failure.reason, failure.message
-    except CommandError as error:
-        stdout, stderr = command_output(error)
-        classified = classify_pulumi_error(type(error).__name__, stdout, stderr)
-        reason, message = classified.reason, classified.message
-    except Exception as error:  # a bug: still report it, never die without a result
-        log.step("internal error:\n" + traceback.format_exc())
-        reason, message = "JobFailed", f"internal runner error: {type(error).__name__}: {error}"
+    except Exception as error:
+        command_failure = pulumi_command_failure(error)
+        if command_failure is not None:
+            reason, message = command_failure.reason, command_failure.message
+        else:  # a bug: still report it, never die without a result
+            log.step("internal error:\n" + traceback.format_exc())
+            reason, message = "JobFailed", f"internal runner error: {type(error).__name__}: {error}"
     finally:
         with contextlib.suppress(OSError):
             os.chdir(cwd)
@@ -249,17 +254,19 @@ def _execute(run: _Run) -> OperationOutput:
     hidden = runner_only_env_names(snapshot)
     run.process_env = {name: value for name, value in env.items() if name not in hidden}
 
-    with _private_dir(env) as private:
+    cache_dir = cache_dir_from(env)
+    home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache_dir)
+    pulumi_env = {**_pulumi_env(spec), **cache_environment(cache_dir, env)}
+    if home:
+        pulumi_env["PULUMI_HOME"] = home
+    with _private_dir(env) as private, PulumiStart({**run.process_env, **pulumi_env}) as pulumi:
         run.private = private
         project, state_only = _source(run, spec, credentials, private)
         run.project_info = project.info
-        cache_dir = cache_dir_from(env)
-        home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache_dir)
-        pulumi_env = {**_pulumi_env(spec), **cache_environment(cache_dir, env)}
-        if home:
-            pulumi_env["PULUMI_HOME"] = home
-        command = _pulumi_command(run, {**run.process_env, **pulumi_env})
+        command = pulumi.command(run.cancellation)
         run.pulumi_version = str(command.version or "")
+        from pkobatch.runner.pulumi_cli import RunnerWorkspace
+
         program: Callable[[], None] | None = _no_program if state_only else None
         if not state_only:
             host = _program_host(run, project, command, home)
@@ -459,16 +466,6 @@ def _pulumi_env(spec: StackSpec) -> dict[str, str]:
     return pulumi_env
 
 
-def _pulumi_command(run: _Run, env: Mapping[str, str]) -> RunnerPulumiCommand:
-    try:
-        return RunnerPulumiCommand(run.cancellation, env)
-    except FileNotFoundError:
-        raise RunFailure(
-            "JobFailed",
-            "the pulumi CLI is not on PATH: the runner image must provide it (see jobs/Dockerfile)",
-        ) from None
-
-
 def _program_host(
     run: _Run, project: Project, command: RunnerPulumiCommand, home: str | None
 ) -> ProgramHost:
@@ -514,6 +511,10 @@ def _install_dependencies(
 
 def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Stack | None:
     """The stack, created if allowed; None for a destroy of a stack that does not exist."""
+    from pulumi.automation import Stack, StackNotFoundError
+
+    from pkobatch.runner.pulumi_cli import command_output
+
     try:
         stack = Stack.select(spec.stack, workspace)
         run.log.step(f"selected stack {spec.stack}")
@@ -552,6 +553,8 @@ def _check_environment_support(spec: StackSpec, env: Mapping[str, str]) -> None:
 
 def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
     """The operation; once more after removing a stale lock that refused it."""
+    from pulumi.automation import CommandError
+
     try:
         return _operate_once(run, spec, stack)
     except CommandError as error:
@@ -564,6 +567,8 @@ def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
 def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
     """Remove the locks that refused the operation if each provably belongs to a finished
     run of this Stack (``pkobatch.runner.locks``); True when they are gone."""
+    from pkobatch.runner.pulumi_cli import command_output
+
     stdout, stderr = command_output(error)
     found = locks.parse_locks(f"{stderr}\n{stdout}")
     if not found:
@@ -730,6 +735,8 @@ def _save_plan(run: _Run, plan_file: Path, outcome: OperationOutput, stack: Stac
 def _approved_plan(run: _Run, workspace: RunnerWorkspace, stack_name: str) -> str:
     """The approved plan's file for ``up --plan``, after checking it is the approved one;
     the stack settings its config ciphertexts need are restored first."""
+    from pulumi.automation import StackSettings
+
     apply = run.snapshot.apply_plan
     assert apply is not None
     if run.plan_store is None:

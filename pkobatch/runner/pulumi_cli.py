@@ -1,6 +1,7 @@
 """The Automation API, adapted to run inside a Job.
 
-``RunnerPulumiCommand`` is the Automation API's ``PulumiCommand`` with a ``run`` that does
+``RunnerPulumiCommand`` is the Automation API's ``PulumiCommand``, made from the output of a
+``pulumi version`` run beforehand (``pkobatch.runner.pulumi_start``), with a ``run`` that does
 what the SDK's does (``--non-interactive``, ``PULUMI_AUTOMATION_API``, line callbacks, the
 SDK's typed errors) plus three things a Job needs:
 
@@ -35,11 +36,14 @@ from pulumi.automation import (
     OutputValue,
     PulumiCommand,
 )
-from pulumi.automation._cmd import CommandResult, OnOutput
+from pulumi.automation._cmd import CommandResult, OnOutput, _parse_and_validate_pulumi_version
+from pulumi.automation._env import _SKIP_VERSION_CHECK_VAR
+from pulumi.automation._minimum_version import _MINIMUM_VERSION
 from pulumi.automation.errors import create_command_error
 
 from pkobatch.api.run import SECRET_PLACEHOLDER
 from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.pulumi_start import PULUMI_CLI
 
 _OUTPUT_ATTRIBUTE = "pkobatch_output"
 
@@ -72,10 +76,17 @@ def _feed(stream: IO[str] | None, text: str) -> None:
 class RunnerPulumiCommand(PulumiCommand):
     """A ``PulumiCommand`` whose processes a ``Cancellation`` can interrupt."""
 
-    def __init__(self, cancellation: Cancellation, env: Mapping[str, str]) -> None:
+    def __init__(self, cancellation: Cancellation, env: Mapping[str, str], version: str) -> None:
+        """``version``: what ``pulumi version`` printed. It is checked as the SDK's own
+        constructor checks it; that constructor is not called because it runs the command."""
         self._cancellation = cancellation
         self._env = dict(env)
-        super().__init__()
+        self.command = PULUMI_CLI
+        self.version = _parse_and_validate_pulumi_version(
+            min_version=_MINIMUM_VERSION,
+            current_version=version.strip().removeprefix("v"),
+            opt_out=os.getenv(_SKIP_VERSION_CHECK_VAR) is not None,
+        )
 
     def run(
         self,

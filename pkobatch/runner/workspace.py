@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import pulumi
 import yaml
 
 from pkobatch.api.messages import bound_message
@@ -214,6 +213,8 @@ class PythonProgram:
             try:
                 runpy.run_path(main, run_name="__main__")
             except Exception as error:
+                import pulumi  # loaded: the program runs inside the Automation API
+
                 raise pulumi.RunError(
                     "Program failed with an unhandled exception:\n"
                     + user_traceback(error, directory)

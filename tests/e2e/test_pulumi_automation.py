@@ -16,7 +16,8 @@ from pulumi import automation as auto
 from sentinels import ArgumentWatch, plant
 
 from pkobatch.runner.cancel import Budget, Cancellation
-from pkobatch.runner.pulumi_cli import RunnerPulumiCommand, RunnerWorkspace
+from pkobatch.runner.pulumi_cli import RunnerWorkspace
+from pkobatch.runner.pulumi_start import PulumiStart
 from pkobatch.runner.stack_config import ConfigItem, plan_config
 
 
@@ -103,7 +104,7 @@ def test_the_runner_sets_secret_config_without_putting_it_on_a_command_line(
     for name, value in pulumi_env.env.items():
         monkeypatch.setenv(name, value)
     secret = plant("config-secret")
-    command = RunnerPulumiCommand(Cancellation(Budget.for_grace(30)), pulumi_env.env)
+    command = PulumiStart(pulumi_env.env).command(Cancellation(Budget.for_grace(30)))
     workspace = RunnerWorkspace(
         work_dir=str(program_dir("files")),
         pulumi_home=str(pulumi_env.home),
