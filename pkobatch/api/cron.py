@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
+if TYPE_CHECKING:
+    # Imported where used: importing croniter runs `file` on the interpreter (its 32-bit
+    # check), a cost every run's pod would pay through the Stack model (api.stack).
+    from croniter import croniter
 
 DEFAULT_TIME_ZONE: Final = "UTC"
 # Counting missed times stops here (CronJob reports "too many missed start times" at 100).
@@ -53,6 +56,8 @@ def load_time_zone(time_zone: str | None) -> ZoneInfo:
 
 
 def _iterator(expr: str, start: datetime, time_zone: str | None, hash_id: str) -> croniter:
+    from croniter import CroniterError, croniter
+
     if start.tzinfo is None:
         raise ScheduleError("schedule times must be timezone-aware")
     if len(expr.split()) != 5:
@@ -69,6 +74,8 @@ def _iterator(expr: str, start: datetime, time_zone: str | None, hash_id: str) -
 
 
 def _next(it: croniter) -> datetime:
+    from croniter import CroniterError
+
     try:
         value: datetime = it.get_next(datetime)
     except (CroniterError, ValueError) as exc:
@@ -77,6 +84,8 @@ def _next(it: croniter) -> datetime:
 
 
 def _prev(it: croniter) -> datetime:
+    from croniter import CroniterError
+
     try:
         value: datetime = it.get_prev(datetime)
     except (CroniterError, ValueError) as exc:

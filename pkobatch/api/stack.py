@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -355,6 +354,8 @@ def check_cron(expr: str) -> str:
     fields = expr.split()
     if len(fields) != 5:
         raise ValueError(f"{expr!r} is not a 5-field cron expression; {CRON_HINT}")
+    from croniter import croniter  # not at the top: see pkobatch.api.schedule
+
     # The hash id only seeds 'H'; validity does not depend on it.
     if not croniter.is_valid(expr, strict=True, hash_id=b"pkobatch"):
         raise ValueError(f"{expr!r} is not a valid cron expression (or never fires); {CRON_HINT}")
