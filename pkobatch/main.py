@@ -7,6 +7,7 @@ It lives outside ``pkobatch.cli`` because it also mounts ``pkobatch controller``
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -38,9 +39,14 @@ def main() -> None:
     arguments = sys.argv[1:]
     if arguments[:2] == ["job", "run"]:
         # Every run's pod starts here: load the runner alone, not the whole CLI (its imports
-        # cost about a third of a second on every run).
+        # cost about a third of a second on every run). Loading modules makes many objects and
+        # no garbage: without collections it takes a quarter less CPU, and once frozen those
+        # objects are no longer scanned by the run's collections.
+        gc.disable()
         from pkobatch.cli.job import job_group
 
+        gc.freeze()
+        gc.enable()
         job_group(args=arguments[1:], prog_name="pkobatch job")
         return
     build_cli()()
