@@ -313,8 +313,9 @@ Runner = Callable[[list[str], Mapping[str, str], Path], "subprocess.CompletedPro
 
 
 def git_argv(args: list[str]) -> list[str]:
-    # An empty credential.helper list: no helper may store the credentials anywhere.
-    return ["git", "-c", "credential.helper=", *args]
+    # An empty credential.helper list: no helper may store the credentials anywhere. No
+    # automatic maintenance after the fetch: the checkout lives for one run.
+    return ["git", "-c", "credential.helper=", "-c", "maintenance.auto=false", *args]
 
 
 def checkout(
