@@ -293,6 +293,10 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     for program, times in results:
         report(program, times, options.repetitions)
+    # Both sides are timed alternately, but the runner's overlap of its checkout with Pulumi's
+    # start needs a free core: say how busy the machine was.
+    loads = ", ".join(f"{load:.2f}" for load in os.getloadavg())
+    print(f"load average (1, 5, 15 min) at the end: {loads} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":
