@@ -546,3 +546,42 @@ def test_observe_asks_for_a_fresh_head_only_when_the_change_will_run(
     observer = Observer(LiveReads({}), stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
     observer.observe(StackKey("ns", "app"), datetime.now(UTC))
     assert poller.asked == [fresh_for]
+
+
+def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan() -> None:
+    from pkobatch.controller.observe import Observer
+    from pkobatch.controller.stores import Stores
+
+    managed = [
+        {
+            "manager": "pkobatch-cli:alice",
+            "time": "2026-01-01T00:00:00Z",
+            "fieldsV1": {"f:metadata": {"f:annotations": {"f:pkobatch.io/approve": {}}}},
+        }
+    ]
+    stack: dict[str, Any] = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {"name": "app", "namespace": "ns", "uid": "stack-uid", "annotations": {}},
+        "spec": {"stack": "dev", "approval": {"required": True}},
+        "status": {"approval": {"state": "Pending", "planID": "plan-1"}},
+    }
+    live = LiveReads({("stacks", "app"): {**stack, "metadata": {"managedFields": managed}}})
+    stores = Stores.empty()
+    stores.stacks.upsert(stack)
+    poller = GitPoller(None, 60.0, lambda key: None)  # type: ignore[arg-type]
+    observer = Observer(live, stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+
+    observed = observer.observe(StackKey("ns", "app"), moment)
+    assert observed is not None and not observed.managed_fields and live.asked == []
+
+    stores.stacks.upsert(
+        {
+            **stack,
+            "metadata": {**stack["metadata"], "annotations": {"pkobatch.io/approve": "plan-1"}},
+        }
+    )
+    observed = observer.observe(StackKey("ns", "app"), moment)
+    assert observed is not None and live.asked == [("stacks", "app")]
+    assert list(observed.managed_fields) == managed
