@@ -56,12 +56,12 @@ CONTROLLER_NAMESPACE_OPTION = click.option(
 # What each command needs (API group, resource, verb); `check` asks the API server which
 # of these the current user may do, in the namespace the command would work in.
 COMMAND_PERMISSIONS: Final[Mapping[str, tuple[tuple[str, str, str], ...]]] = {
-    "get, describe, outputs, schedule": (
+    "get, describe, outputs, schedule, plan": (
         ("pulumi.com", "stacks", "get"),
         ("pulumi.com", "stacks", "list"),
         ("pulumi.com", "stacks", "watch"),
     ),
-    "up, preview, refresh, destroy, cancel, reconcile, suspend, resume": (
+    "up, preview, refresh, destroy, cancel, reconcile, suspend, resume, approve, reject": (
         ("pulumi.com", "stacks", "patch"),
     ),
     "history": (("batch", "jobs", "list"), ("", "configmaps", "list")),
