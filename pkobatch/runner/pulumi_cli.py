@@ -43,7 +43,6 @@ from pulumi.automation.errors import create_command_error
 
 from pkobatch.api.run import SECRET_PLACEHOLDER
 from pkobatch.runner.cancel import Cancellation
-from pkobatch.runner.pulumi_start import PULUMI_CLI
 
 _OUTPUT_ATTRIBUTE = "pkobatch_output"
 
@@ -76,12 +75,15 @@ def _feed(stream: IO[str] | None, text: str) -> None:
 class RunnerPulumiCommand(PulumiCommand):
     """A ``PulumiCommand`` whose processes a ``Cancellation`` can interrupt."""
 
-    def __init__(self, cancellation: Cancellation, env: Mapping[str, str], version: str) -> None:
-        """``version``: what ``pulumi version`` printed. It is checked as the SDK's own
-        constructor checks it; that constructor is not called because it runs the command."""
+    def __init__(
+        self, cancellation: Cancellation, env: Mapping[str, str], version: str, command: str
+    ) -> None:
+        """``version``: what ``pulumi version`` printed by the CLI ``command``. It is checked
+        as the SDK's own constructor checks it; that constructor is not called because it runs
+        the command."""
         self._cancellation = cancellation
         self._env = dict(env)
-        self.command = PULUMI_CLI
+        self.command = command
         self.version = _parse_and_validate_pulumi_version(
             min_version=_MINIMUM_VERSION,
             current_version=version.strip().removeprefix("v"),

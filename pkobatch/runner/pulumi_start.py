@@ -90,7 +90,7 @@ class PulumiStart:
         self._import.join()
         from pkobatch.runner.pulumi_cli import RunnerPulumiCommand
 
-        return RunnerPulumiCommand(cancellation, self._env, version=stdout)
+        return RunnerPulumiCommand(cancellation, self._env, version=stdout, command=PULUMI_CLI)
 
     def close(self) -> None:
         """Wait for what was started (a run that failed before needing Pulumi)."""
