@@ -5,7 +5,8 @@ in one run, for a Python and a YAML program.
     .venv/bin/python bench/runner_overhead.py [--repetitions 5]
 
 Both sides are fresh processes on the same stack (file:// backend, real Pulumi CLI and YAML
-language host from scripts/tools.sh), run alternately:
+language host from scripts/tools.sh), run alternately; pkobatch's modules are compiled to
+bytecode first, as the runner image's pip install does:
 
 - runner: `python -m pkobatch.main job run --snapshot ...`: a fresh git checkout (file://
   URL), the dependency cache, config, `up`, masked outputs, the RunResult (no cluster: the
@@ -38,6 +39,7 @@ ratios runner / baseline (target: warm <= 1.3).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shlex
@@ -245,6 +247,10 @@ def main() -> None:
     except ToolsMissing as error:
         sys.exit(str(error))
 
+    # As in the runner image, whose pip install compiles them: the runner's modules load from
+    # bytecode, not from source recompiled on every run (PYTHONDONTWRITEBYTECODE, editable
+    # installs).
+    compileall.compile_dir(REPO_ROOT / "pkobatch", quiet=1)
     root = Path(tempfile.mkdtemp(prefix="pkobatch-bench-"))
     try:
         files = root / "files"

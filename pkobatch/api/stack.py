@@ -354,7 +354,7 @@ def check_cron(expr: str) -> str:
     fields = expr.split()
     if len(fields) != 5:
         raise ValueError(f"{expr!r} is not a 5-field cron expression; {CRON_HINT}")
-    from croniter import croniter  # not at the top: see pkobatch.api.schedule
+    from croniter import croniter  # not at the top: see pkobatch.api.cron
 
     # The hash id only seeds 'H'; validity does not depend on it.
     if not croniter.is_valid(expr, strict=True, hash_id=b"pkobatch"):
