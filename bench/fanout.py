@@ -592,6 +592,8 @@ def controller_process(
         "PKOBATCH_MAX_ACTIVE_JOBS": str(count),
         "PKOBATCH_LOG_LEVEL": "warning",
         **({"PKOBATCH_RESYNC_PERIOD": resync} if resync else {}),
+        **({"PKOBATCH_KUBE_QPS": str(args.kube_qps)} if args.kube_qps else {}),
+        **({"PKOBATCH_KUBE_BURST": str(args.kube_burst)} if args.kube_burst else {}),
     }
     log = (work / "controller.log").open("ab")
     process = subprocess.Popen(
@@ -898,6 +900,10 @@ def main() -> None:
     parser.add_argument("--resync", default="30s", help="the controller's resync period")
     parser.add_argument("--edits", type=int, default=100, help="latency samples (controller)")
     parser.add_argument("--pods", type=int, default=8, help="pods the node agent runs at once")
+    parser.add_argument(
+        "--kube-qps", type=float, help="the controller's rate limit (default: its default)"
+    )
+    parser.add_argument("--kube-burst", type=int, help="the controller's burst (default: its)")
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
     # Stopped from outside, still stop the control plane and the controller on the way out.
@@ -935,8 +941,13 @@ def main() -> None:
             kube = Kube.connect(str(plane.kubeconfig), on_request=tally.hook, qps_pool=32)
             try:
                 prepare_namespaces(kube)
+                limit = (
+                    f"rate limit {args.kube_qps or 'default'} QPS, "
+                    f"burst {args.kube_burst or 'default'}"
+                )
                 say(
-                    f"fan-out of {count} Stacks, mode {args.mode}, {args.workers} workers; {load()}"
+                    f"fan-out of {count} Stacks, mode {args.mode}, {args.workers} workers, "
+                    f"{limit}; {load()}"
                 )
                 baseline_seconds = run_baseline(kube, count, args.workers)
                 say(
