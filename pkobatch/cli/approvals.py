@@ -23,7 +23,6 @@ from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
 from pkobatch.cli.views import stack_view
 from pkobatch.kube.client import SELF_SUBJECT_REVIEWS, Kube, KubeError
 
-JSON = dict[str, Any]
 # The API server's limit on a field manager's name.
 MAX_FIELD_MANAGER: Final = 128
 
