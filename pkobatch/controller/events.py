@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from pkobatch.api.messages import bound_message
+from pkobatch.api.timestamps import format_micro_time
 from pkobatch.kube.client import EVENTS, Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def event_body(
             "name": f"{meta.get('name')}.{secrets.token_hex(8)}",
             "namespace": meta.get("namespace"),
         },
-        "eventTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "eventTime": format_micro_time(now),
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": instance,
         "action": ACTION,

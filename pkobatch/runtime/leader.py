@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pkobatch.api.objects import JSON
+from pkobatch.api.timestamps import format_micro_time
 from pkobatch.kube.client import LEASES, AlreadyExists, Conflict, Kube, KubeError, NotFound
 from pkobatch.runtime.metrics import Metrics
 
@@ -49,10 +50,6 @@ class LeaseRecord:
         )
 
 
-def micro_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def claim(
     current: LeaseRecord | None,
     *,
@@ -66,7 +63,7 @@ def claim(
     if current is not None and current.holder not in ("", identity) and not expired:
         return None
     renewing = current is not None and current.holder == identity
-    stamp = micro_time(now)
+    stamp = format_micro_time(now)
     return {
         "holderIdentity": identity,
         "leaseDurationSeconds": lease_seconds,
@@ -228,7 +225,7 @@ class LeaderElector:
                 **lease.get("spec", {}),
                 "holderIdentity": "",
                 "leaseDurationSeconds": 1,
-                "renewTime": micro_time(self._wall_clock()),
+                "renewTime": format_micro_time(self._wall_clock()),
             }
             self._kube.request("PUT", self._path(), body=lease, timeout=self._timeout)
             log.info("released lease %s/%s", self.namespace, self.name)

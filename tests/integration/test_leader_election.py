@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from pkobatch.api.timestamps import format_micro_time
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import LEASES, STACKS, Kube
-from pkobatch.runtime.leader import LeaderElector, micro_time
+from pkobatch.runtime.leader import LeaderElector
 
 LEASE = "pkobatch-test"
 
@@ -75,8 +76,8 @@ def test_expiry_ignores_the_holders_clock(
             "spec": {
                 "holderIdentity": "skewed-node",
                 "leaseDurationSeconds": 2,
-                "renewTime": micro_time(skewed),
-                "acquireTime": micro_time(skewed),
+                "renewTime": format_micro_time(skewed),
+                "acquireTime": format_micro_time(skewed),
             },
         },
         namespace,

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pkobatch.runtime.leader import LeaderElector, LeaseRecord, claim, micro_time
+from pkobatch.api.timestamps import format_micro_time
+from pkobatch.runtime.leader import LeaderElector, LeaseRecord, claim
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -41,7 +42,7 @@ def test_expired_lease_is_taken_over_with_a_transition() -> None:
     assert spec is not None
     assert spec["holderIdentity"] == "me"
     assert spec["leaseTransitions"] == 4
-    assert spec["acquireTime"] == micro_time(NOW)
+    assert spec["acquireTime"] == format_micro_time(NOW)
 
 
 def test_released_lease_is_free_at_once() -> None:
@@ -53,7 +54,7 @@ def test_renewal_keeps_acquire_time_and_transitions() -> None:
     spec = claim(record("me"), identity="me", expired=False, lease_seconds=15, now=NOW)
     assert spec is not None
     assert spec["acquireTime"] == "2026-03-01T11:00:00.000000Z"
-    assert spec["renewTime"] == micro_time(NOW)
+    assert spec["renewTime"] == format_micro_time(NOW)
     assert spec["leaseTransitions"] == 3
 
 
