@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from pkobatch import __version__
-from pkobatch.cli.job import job_group
+from pkobatch.cli.job_command import job_group
 from pkobatch.cli.local_run import run_command
 
 

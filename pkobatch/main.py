@@ -20,7 +20,7 @@ def build_cli() -> click.Group:
     from pkobatch.cli.commands import register
     from pkobatch.cli.crds import crds_command
     from pkobatch.cli.dev import dev_group
-    from pkobatch.cli.job import job_group
+    from pkobatch.cli.job_command import job_group
     from pkobatch.cli.local_run import run_command
     from pkobatch.controller.command import controller_command
 
@@ -43,7 +43,7 @@ def main() -> None:
         # no garbage: without collections it takes a quarter less CPU, and once frozen those
         # objects are no longer scanned by the run's collections.
         gc.disable()
-        from pkobatch.cli.job import job_group
+        from pkobatch.cli.job_command import job_group
 
         gc.freeze()
         gc.enable()

@@ -1,7 +1,7 @@
 """``pkobatch run``: a Stack manifest on this machine.
 
 It runs the same runner (``pkobatch.runner``) as ``pkobatch job run`` inside a Job
-(``pkobatch.cli.job``); they differ only in where the inputs come from and where the result
+(``pkobatch.cli.job_command``); they differ only in where the inputs come from and where the result
 goes.
 """
 
@@ -21,7 +21,7 @@ from rich.text import Text
 
 from pkobatch.api.constants import OPERATIONS, Operation
 from pkobatch.api.run import RunResult
-from pkobatch.cli.job import EXIT_USAGE
+from pkobatch.cli.job_command import EXIT_USAGE
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.embedded import (
     LocalRunError,

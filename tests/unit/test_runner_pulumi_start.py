@@ -33,7 +33,10 @@ def cancellation() -> Cancellation:
 
 def test_the_version_runs_from_the_start_and_the_command_carries_it(tmp_path: Path) -> None:
     started = tmp_path / "started"
-    env = cli_env(tmp_path, f'echo "$1" > {started}\necho v3.259.0')
+    # Written aside and renamed, so the test never reads the file half-written.
+    env = cli_env(
+        tmp_path, f'echo "$1" > {started}.tmp && mv {started}.tmp {started}\necho v3.259.0'
+    )
     pulumi = PulumiStart(env)
     try:
         deadline = time.monotonic() + 60
@@ -102,7 +105,7 @@ def test_job_run_loads_no_pulumi_sdk_before_the_run_needs_it() -> None:
     # before the SDK is there, leave the SDK unloaded.
     script = (
         "import sys\n"
-        "import pkobatch.cli.job\n"
+        "import pkobatch.cli.job_command\n"
         "from pkobatch.runner.pulumi_start import pulumi_command_failure\n"
         "assert pulumi_command_failure(ValueError('early')) is None\n"
         "print(sorted(m for m in sys.modules if m == 'pulumi' or m.startswith('pulumi.')))\n"
