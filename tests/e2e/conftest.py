@@ -25,7 +25,6 @@ namespace (``--timeout 5m``).
 
 from __future__ import annotations
 
-import base64
 import os
 import runpy
 import subprocess
@@ -36,12 +35,17 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from controller_harness import ControllerProcess, bind_runner, install_controller_rbac
+from controller_harness import (
+    ControllerProcess,
+    bind_runner,
+    create_secret,
+    install_controller_rbac,
+)
 from pulumi import automation as auto
 from sentinels import plant
 
 from pkobatch.cli.reference import user_group
-from pkobatch.kube.client import SECRETS, Kube
+from pkobatch.kube.client import Kube
 
 JSON = dict[str, Any]
 
@@ -125,16 +129,7 @@ def secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any) -> JSO
         "pulumi": {"passphrase": pulumi_env.passphrase, "token": plant("pulumi-token")},
     }
     for name, data in values.items():
-        kube.create(
-            SECRETS,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": name},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-            },
-            namespace,
-        )
+        create_secret(kube, namespace, name, data)
     return values
 
 

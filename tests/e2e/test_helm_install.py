@@ -16,7 +16,6 @@ retry and polling intervals, and free ports for metrics and health.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -33,6 +32,7 @@ from controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     LOOPBACK_GIT_HOST,
     apply_stack,
+    create_secret,
     free_port,
     last_update,
     ready,
@@ -52,7 +52,6 @@ from pkobatch.kube.client import (
     JOBS,
     NAMESPACES,
     PODS,
-    SECRETS,
     STACKS,
     Kube,
 )
@@ -173,16 +172,7 @@ def create_secrets(kube: Kube, namespace: str, git_server: Any, pulumi_env: Any)
         "pulumi": {"passphrase": pulumi_env.passphrase, "token": "a-token"},
     }
     for name, data in values.items():
-        kube.create(
-            SECRETS,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": name},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-            },
-            namespace,
-        )
+        create_secret(kube, namespace, name, data)
 
 
 def monitored_metrics() -> set[str]:

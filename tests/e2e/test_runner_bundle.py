@@ -7,7 +7,6 @@ controller and node agent. The programs are YAML: they run through the Pulumi CL
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
+    create_secret,
     install_controller_rbac,
     ready,
     wait_stack,
@@ -30,7 +30,7 @@ from controller_harness import (
 from pkobatch.api.constants import STACK_LABEL
 from pkobatch.api.run import RunResult
 from pkobatch.controller.jobs import INJECTED_RUNNER
-from pkobatch.kube.client import JOBS, SECRETS, Kube
+from pkobatch.kube.client import JOBS, Kube
 from pkobatch.runner.embedded import fallback_env_name
 
 # A cold build of the bundle (the session's first use) takes minutes on 2 busy cores.
@@ -157,16 +157,7 @@ def test_a_stack_in_a_stock_pulumi_image_runs_the_injected_bundle(
 ) -> None:
     repo = git_repo("yaml")
     data = {"token": git_server.token, "passphrase": pulumi_env.passphrase}
-    kube.create(
-        SECRETS,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "run"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        },
-        namespace,
-    )
+    create_secret(kube, namespace, "run", data)
     env = offline_pulumi_env(pulumi_env)
     env_refs: JSON = {
         name: {"type": "Literal", "literal": {"value": value}}

@@ -8,7 +8,6 @@ fails these tests.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from controller_harness import (
     apply_stack,
     bind_runner,
     condition,
+    create_secret,
     install_controller_rbac,
     wait_stack,
 )
@@ -66,16 +66,7 @@ def git_secret(kube: Kube, namespace: str, git_server: Any, password: str | None
         "username": git_server.username,
         "password": password if password is not None else git_server.password,
     }
-    kube.create(
-        SECRETS,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "git"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        },
-        namespace,
-    )
+    create_secret(kube, namespace, "git", data)
 
 
 def git_spec(url: str, **extra: Any) -> dict[str, Any]:
@@ -600,16 +591,7 @@ def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
 
 def github_app_secret(kube: Kube, namespace: str, name: str, app: Any, private_key: str) -> None:
     data = {"appID": app.app_id, "installationID": app.installation_id, "privateKey": private_key}
-    kube.create(
-        SECRETS,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        },
-        namespace,
-    )
+    create_secret(kube, namespace, name, data)
 
 
 def github_app_spec(url: str, secret: str) -> dict[str, Any]:
