@@ -79,7 +79,8 @@ class StatusObject(TypedDict, total=False):
     lastDriftCheck: DriftCheck
     # Notifications not yet delivered (controller/notify.py reads and writes them).
     notifications: JSON
-    # The saved plan awaiting or past approval (controller/approval.py).
+    # The saved plan awaiting or past approval (decided in controller/approval.py, a finished
+    # run of it folded in controller/fold.py).
     approval: JSON
 
 

@@ -26,6 +26,11 @@ approving field, as the API server recorded it. A field manager is named by the 
 (``pkobatch approve`` names it after the user the API server authenticated, asked with a
 SelfSubjectReview); whoever may patch the Stack may approve, so RBAC on ``stacks`` is what
 authorizes an approval, and the recorded name is for the record, not a proof.
+
+This module holds the decisions (``decide``, ``approvals``, ``target_key``) and the records
+written when a preview starts, a plan is approved or ends (``previewing``, ``approved``,
+``ended``). How a finished preview or update changes the record (``folded_preview``,
+``folded_update``) lives with the rest of a finished run's status in ``fold.py``.
 """
 
 from __future__ import annotations
@@ -39,18 +44,15 @@ from typing import Any, Final
 from pkobatch.api.constants import APPROVE_ANNOTATION, REJECT_ANNOTATION
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON
-from pkobatch.api.run import MAX_PLANNED_RESOURCES
 from pkobatch.api.timestamps import format_time, parse_time
-from pkobatch.controller.fold import Outcome
-from pkobatch.controller.jobs import Run, plan_secret_name, short_hash
+from pkobatch.controller.fold import UNCHANGED_OPS
+from pkobatch.controller.jobs import Run, short_hash
 
 APPROVE_TRIGGER_PREFIX: Final = "approved:"
 VIA_SPEC: Final = "spec.approval.approvedPlan"
 VIA_ANNOTATION: Final = APPROVE_ANNOTATION
 # An approval the controller gives itself: a plan that changes nothing needs no review.
 NO_CHANGES_APPROVER: Final = "pkobatch (the plan changes nothing)"
-# Pulumi's step kinds that change nothing.
-UNCHANGED_OPS: Final = frozenset({"same", "read"})
 
 
 def required(spec: Mapping[str, Any]) -> bool:
@@ -243,16 +245,6 @@ def changes_anything(changes: Any) -> bool:
     return any(count for op, count in changes.items() if op not in UNCHANGED_OPS)
 
 
-def summary(changes: Mapping[str, int]) -> str:
-    """``2 to create, 1 to update`` (Pulumi's words), or ``no changes``."""
-    parts = [
-        f"{count} to {op}"
-        for op, count in sorted(changes.items())
-        if count and op not in UNCHANGED_OPS
-    ]
-    return ", ".join(parts) if parts else "no changes"
-
-
 def pending_message(record: Mapping[str, Any], approvers: Sequence[Approver]) -> str:
     plan = record.get("planID")
     message = (
@@ -288,48 +280,8 @@ def previewing(target: str, run: Run, job: str, attempt: int, reason: str) -> JS
 
 
 def preview_trigger(target: str, trigger: str, attempt: int) -> str:
-    """The trigger of the preview Job: the target first (read back by ``folded_preview``)."""
+    """The trigger of the preview Job: the target first (``fold.folded_preview`` reads it)."""
     return f"{target}:{attempt}#{trigger}"
-
-
-def folded_preview(record: Mapping[str, Any], run: Run, job: str, outcome: Outcome) -> JSON:
-    """``status.approval`` once the preview ``job`` ended."""
-    target = run.trigger.partition("#")[0].rpartition(":")[0]
-    result = outcome.result
-    same = record.get("target") == target
-    base: JSON = {
-        "target": target,
-        "trigger": record.get("trigger") if same else run.trigger.partition("#")[2],
-        "generation": run.generation,
-        "reconcileRequest": run.reconcile_request,
-        "commit": (result.commit if result is not None and result.commit else run.commit),
-        "previewJob": job,
-        "createdTime": format_time(outcome.finished_at),
-    }
-    if not outcome.succeeded or result is None or not result.plan_id:
-        failures = int(record.get("failures") or 0) + 1 if same else 1
-        return {
-            **base,
-            "state": "PreviewFailed",
-            "failures": failures,
-            "message": bound_message(outcome.message or "the preview saved no plan"),
-        }
-    changes = dict(result.changes)
-    return {
-        **base,
-        "state": "Pending",
-        "planID": result.plan_id,
-        "planSecret": plan_secret_name(job),
-        "summary": summary(changes),
-        "changes": changes,
-        "resources": [
-            step.model_dump(mode="json")
-            for step in result.planned_resources[:MAX_PLANNED_RESOURCES]
-        ],
-        "resourceCount": result.planned_resource_count,
-        "failures": 0,
-        "message": "",
-    }
 
 
 def approved(record: Mapping[str, Any], approver: Approver, job: str, now: datetime) -> JSON:
@@ -357,21 +309,6 @@ def apply_run(record: Mapping[str, Any], generation: int, request: str) -> Run:
         plan=plan,
         plan_secret=str(record.get("planSecret") or ""),
     )
-
-
-def folded_update(record: Mapping[str, Any], run: Run, job: str, outcome: Outcome) -> JSON:
-    """``status.approval`` once the update applying ``run.plan`` ended."""
-    if record.get("planID") != run.plan:
-        return dict(record)
-    if outcome.succeeded:
-        return {**record, "state": "Applied", "message": f"update {job} applied plan {run.plan}"}
-    return {
-        **record,
-        "state": "Failed",
-        "message": bound_message(
-            f"update {job} did not apply plan {run.plan} ({outcome.reason}): {outcome.message}"
-        ),
-    }
 
 
 def ended(record: Mapping[str, Any], state: str, message: str) -> JSON:

@@ -32,8 +32,12 @@ starts one run at once, see ``retry.sync_decision``), so a Stack failing on ever
 still stalls; a success resets them — with ``folded_outputs`` and ``projectInfo``; a drift
 check sets ``lastDriftCheck`` (``folded_drift_check``) and the Drifted condition
 (``drift_verdict``); a requested run answers its request in ``operationRequest``
-(``folded_operation_request``). ``plan`` decides when to fold (the order of the decision);
-``retry.py`` decides what happens next.
+(``folded_operation_request``); a run of a saved plan updates the approval record
+``status.approval`` (``folded_preview`` for the preview that saved it, with the "plan saved,
+awaits approval" Event; ``folded_update`` for the update that applied it). ``plan`` decides
+when to fold (the order of the decision) and deletes the preview Job of a plan that was
+used; ``approval.py`` decides what a saved plan needs next; ``retry.py`` decides what
+happens next otherwise.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON, job_finished, true_condition
-from pkobatch.api.run import SECRET_PLACEHOLDER, RunResult, RunState
+from pkobatch.api.run import MAX_PLANNED_RESOURCES, SECRET_PLACEHOLDER, RunResult, RunState
 from pkobatch.api.stack import Condition
 from pkobatch.api.status import (
     DriftCheck,
@@ -73,6 +77,7 @@ from pkobatch.controller.jobs import (
     REMEDIATE_TRIGGER_PREFIX,
     SCHEDULE_TRIGGER_PREFIX,
     Run,
+    plan_secret_name,
 )
 from pkobatch.controller.retry import same_attempt_key
 from pkobatch.controller.schedule import newer_schedule_time
@@ -500,6 +505,7 @@ DRIFT_CHECK_FAILED_REASON: Final = "DriftCheckFailed"
 REMEDIATED_REASON: Final = "Remediated"
 EVENT_DRIFT_DETECTED: Final = "DriftDetected"
 EVENT_STALE_LOCK_REMOVED: Final = "StaleLockRemoved"
+EVENT_PLAN_SAVED: Final = "PlanAwaitingApproval"
 
 EventType = Literal["Normal", "Warning"]
 
@@ -573,6 +579,76 @@ def folded_operation_request(
     }
 
 
+# Pulumi's step kinds that change nothing.
+UNCHANGED_OPS: Final = frozenset({"same", "read"})
+
+
+def summary(changes: Mapping[str, int]) -> str:
+    """``2 to create, 1 to update`` (Pulumi's words), or ``no changes``."""
+    parts = [
+        f"{count} to {op}"
+        for op, count in sorted(changes.items())
+        if count and op not in UNCHANGED_OPS
+    ]
+    return ", ".join(parts) if parts else "no changes"
+
+
+def folded_preview(record: Mapping[str, Any], run: Run, job: str, outcome: Outcome) -> JSON:
+    """``status.approval`` once the preview ``job`` ended; its trigger names the target
+    first (``approval.preview_trigger``)."""
+    target = run.trigger.partition("#")[0].rpartition(":")[0]
+    result = outcome.result
+    same = record.get("target") == target
+    base: JSON = {
+        "target": target,
+        "trigger": record.get("trigger") if same else run.trigger.partition("#")[2],
+        "generation": run.generation,
+        "reconcileRequest": run.reconcile_request,
+        "commit": (result.commit if result is not None and result.commit else run.commit),
+        "previewJob": job,
+        "createdTime": format_time(outcome.finished_at),
+    }
+    if not outcome.succeeded or result is None or not result.plan_id:
+        failures = int(record.get("failures") or 0) + 1 if same else 1
+        return {
+            **base,
+            "state": "PreviewFailed",
+            "failures": failures,
+            "message": bound_message(outcome.message or "the preview saved no plan"),
+        }
+    changes = dict(result.changes)
+    return {
+        **base,
+        "state": "Pending",
+        "planID": result.plan_id,
+        "planSecret": plan_secret_name(job),
+        "summary": summary(changes),
+        "changes": changes,
+        "resources": [
+            step.model_dump(mode="json")
+            for step in result.planned_resources[:MAX_PLANNED_RESOURCES]
+        ],
+        "resourceCount": result.planned_resource_count,
+        "failures": 0,
+        "message": "",
+    }
+
+
+def folded_update(record: Mapping[str, Any], run: Run, job: str, outcome: Outcome) -> JSON:
+    """``status.approval`` once the update applying ``run.plan`` ended."""
+    if record.get("planID") != run.plan:
+        return dict(record)
+    if outcome.succeeded:
+        return {**record, "state": "Applied", "message": f"update {job} applied plan {run.plan}"}
+    return {
+        **record,
+        "state": "Failed",
+        "message": bound_message(
+            f"update {job} did not apply plan {run.plan} ({outcome.reason}): {outcome.message}"
+        ),
+    }
+
+
 @dataclass(frozen=True)
 class FoldedRun:
     """The status and conditions after one run ended, and the Events that tell about it."""
@@ -592,7 +668,8 @@ def fold_run(
     now: datetime,
     generation: int,
 ) -> FoldedRun:
-    """Record how run ``job_name`` ended in (a copy of) ``status``: ``lastUpdate``,
+    """Record how run ``job_name`` ended in (a copy of) ``status``: ``approval`` for the
+    preview that saved a plan and for the update that applied one, ``lastUpdate``,
     ``outputs`` and ``projectInfo`` for a run that changes the stack, ``lastDriftCheck`` and
     the Drifted condition for a drift check, the request's answer in ``operationRequest``,
     the schedule time it ran for; ``currentUpdate`` is cleared if it named this run.
@@ -615,6 +692,19 @@ def fold_run(
     if current_update(status).get("name") == job_name:
         status.pop("currentUpdate", None)
     result = outcome.result
+    record = status.get("approval") or {}
+    if run.kind == "approval":
+        record = status["approval"] = folded_preview(record, run, job_name, outcome)
+        if record["state"] == "Pending":
+            events.append(
+                Event(
+                    "Normal",
+                    EVENT_PLAN_SAVED,
+                    f"plan {record['planID']} awaits approval: {record['summary']}",
+                )
+            )
+    elif changes_stack(run) and run.plan:
+        status["approval"] = folded_update(record, run, job_name, outcome)
     if run.kind == "drift":
         status["lastDriftCheck"] = folded_drift_check(
             last_drift_check(status), run, job_name, outcome

@@ -31,7 +31,8 @@ instead of starting another run.
 
 This module holds the order of the decision and turns it into a ``Plan``; the rules it
 applies live with what they are about: how a finished run becomes status (``lastUpdate``,
-``lastDriftCheck``, the Drifted condition, the answer to a request) in ``fold.py``; when a
+``lastDriftCheck``, the Drifted condition, the answer to a request, the approval record of
+a saved plan) in ``fold.py``; the decisions about saved plans in ``approval.py``; when a
 Stack runs again (PKO's ``isSynced``, failure backoff, Ready/retrying/Stalled while
 waiting) in ``retry.py``; cron schedules in ``schedule.py``; the Job for a run in
 ``jobs.py``; the operation-request protocol in ``pkobatch.api.operation_request``.
@@ -157,7 +158,6 @@ EVENT_DESTROYED: Final = "StackDestroyed"
 EVENT_ABANDONED: Final = "FinalizerAbandoned"
 EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
 EVENT_SPEC_NOTES: Final = "SpecNotes"
-EVENT_PLAN_SAVED: Final = "PlanAwaitingApproval"
 EVENT_PLAN_APPROVED: Final = "PlanApproved"
 EVENT_PLAN_ENDED: Final = "PlanDiscarded"
 # Finished Jobs named in a run's snapshot (the Stack's history keeps a few more at most).
@@ -547,15 +547,11 @@ class _Planner:
         self._fold(self._run_of(name, job), name, outcome, started)
 
     def _fold(self, run: Run, name: str, outcome: Outcome, started: datetime | None) -> None:
-        """Record how run ``name`` ended: the approval record of a saved plan
-        (``approval.folded_preview`` / ``folded_update``), then the rest of the status
-        (``fold.fold_run``)."""
-        if run.kind == "approval":
-            self._fold_approval_preview(run, name, outcome)
-        elif changes_stack(run) and run.plan:
-            record = self.status.get("approval") or {}
-            self.status["approval"] = approval.folded_update(record, run, name, outcome)
-            self._discard_plan(record)
+        """Record how run ``name`` ended (``fold.fold_run``, the approval record included).
+        An update that applied a saved plan used it up: its preview Job, named by the
+        record as it was before the fold, is deleted with the plan's Secret."""
+        if changes_stack(run) and run.plan:
+            self._discard_plan(self.status.get("approval") or {})
         folded = fold_run(
             self.status,
             self.conditions,
@@ -1266,16 +1262,6 @@ class _Planner:
                 self._requeue_in(decision.recheck)
             if decision.pending:
                 self._approval_condition("True", "AwaitingApproval", decision.message)
-
-    def _fold_approval_preview(self, run: Run, name: str, outcome: Outcome) -> None:
-        record = approval.folded_preview(self.status.get("approval") or {}, run, name, outcome)
-        self.status["approval"] = record
-        if record["state"] == "Pending":
-            self._event(
-                "Normal",
-                EVENT_PLAN_SAVED,
-                f"plan {record['planID']} awaits approval: {record['summary']}",
-            )
 
     def _end_plan(self, state: str, message: str) -> None:
         """Supersede or reject the plan that holds its Secret; its preview Job goes with it."""

@@ -22,6 +22,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.run import SNAPSHOT_FLAG, PlannedStep, RunResult, RunSnapshot, plan_id
 from pkobatch.controller import approval
 from pkobatch.controller.cache import cache_result
+from pkobatch.controller.fold import summary
 from pkobatch.controller.jobs import Run
 from pkobatch.controller.notify import occurrences
 
@@ -318,8 +319,8 @@ def test_the_approver_is_the_latest_manager_of_the_approving_field() -> None:
 
 
 def test_summary_in_pulumis_words() -> None:
-    assert approval.summary({"create": 1, "update": 2, "same": 5}) == "1 to create, 2 to update"
-    assert approval.summary({"same": 5}) == "no changes"
+    assert summary({"create": 1, "update": 2, "same": 5}) == "1 to create, 2 to update"
+    assert summary({"same": 5}) == "no changes"
     assert not approval.changes_anything({"same": 2, "read": 1})
     assert approval.changes_anything({"delete": 1})
 

@@ -13,6 +13,7 @@ from pkobatch.api.run import RunResult, StackRef
 from pkobatch.api.status import OperationRequest, StatusObject
 from pkobatch.api.timestamps import parse_time
 from pkobatch.controller.fold import (
+    EVENT_PLAN_SAVED,
     Outcome,
     fold_run,
     folded_last_update,
@@ -239,3 +240,53 @@ def test_fold_run_answers_only_the_request_that_started_the_run() -> None:
     newer: OperationRequest = {"request": "up:t2", "state": "Pending"}
     kept = fold_run({"operationRequest": newer}, [], run, "j", outcome(), now=NOW, generation=2)
     assert kept.status["operationRequest"] == newer
+
+
+def test_fold_run_records_a_saved_plan_and_says_it_awaits_approval() -> None:
+    preview = Run("preview", "approval", 2, "", "c1", "target1:0#new commit c1")
+    folded = fold_run(
+        {"approval": {"state": "Previewing", "target": "target1", "trigger": "new commit c1"}},
+        [],
+        preview,
+        "app-preview-1",
+        outcome(operation="preview", plan_id="plan-1", changes={"create": 2, "same": 1}),
+        now=NOW,
+        generation=2,
+    )
+    record = folded.status["approval"]
+    assert (record["state"], record["planID"], record["summary"]) == (
+        "Pending",
+        "plan-1",
+        "2 to create",
+    )
+    assert (record["trigger"], record["previewJob"]) == ("new commit c1", "app-preview-1")
+    assert [(e.reason, e.message) for e in folded.events] == [
+        (EVENT_PLAN_SAVED, "plan plan-1 awaits approval: 2 to create"),
+        (EVENT_CREATED, "preview app-preview-1 succeeded"),
+    ]
+    assert "lastUpdate" not in folded.status
+
+
+def test_fold_run_records_whether_the_update_applied_its_plan() -> None:
+    apply = Run("up", "sync", 2, "", "c1", "approved:plan-1", plan="plan-1")
+    pending = {"state": "Approved", "planID": "plan-1", "previewJob": "app-preview-1"}
+    applied = fold_run(
+        {"approval": pending}, [], apply, "app-up-1", outcome(), now=NOW, generation=2
+    )
+    assert applied.status["approval"]["state"] == "Applied"
+    assert applied.status["lastUpdate"]["state"] == "succeeded"
+    failed = fold_run(
+        {"approval": pending}, [], apply, "app-up-1", outcome("failed"), now=NOW, generation=2
+    )
+    assert failed.status["approval"]["state"] == "Failed"
+    other = fold_run(
+        {"approval": {**pending, "planID": "plan-2"}},
+        [],
+        apply,
+        "app-up-1",
+        outcome(),
+        now=NOW,
+        generation=2,
+    )
+    assert other.status["approval"]["planID"] == "plan-2"
+    assert other.status["approval"]["state"] == "Approved"
