@@ -9,9 +9,15 @@ reads:
 - every object: no ``managedFields``; only the annotations pkobatch or PKO define
   (``pkobatch.io/``, ``pulumi.com/``); label keys and values, kinds and API versions are
   interned (the same few strings repeat in every object);
+- Stacks: everything else, with the keys of ``spec`` and ``status`` and the enumerated
+  values (``ENUM_FIELDS``: condition types, statuses, reasons, run states) interned — the
+  JSON decoder makes fresh strings for each watch event. Free text, times and names are
+  not interned: they rarely repeat, and interned strings can outlive their objects;
 - Jobs: metadata, ``spec.activeDeadlineSeconds`` (the deadline a failed run reports) and
-  the pod counts, times and conditions of ``status``; not the pod template, which is most
-  of a Job and only the Job controller reads;
+  the pod counts, times and final conditions (``Complete``, ``Failed``) of ``status``; not
+  the pod template, which is most of a Job and only the Job controller reads, nor the
+  interim conditions the Job controller sets before those (``SuccessCriteriaMet``,
+  ``FailureTarget``: one more dict per finished Job that nothing reads);
 - result ConfigMaps: metadata and ``result.json`` reduced to the fields folding reads
   (``FOLDED_RESULT_FIELDS``, and ``SAVED_PLAN_FIELDS`` of a preview that saved a plan for
   approval); unreadable JSON is kept as it is, so folding reports it.
@@ -54,8 +60,12 @@ KEPT_JOB_STATUS: Final = (
     "startTime",
     "completionTime",
 )
+# The Job conditions fold and plan read (``job_finished``, ``job_outcome``).
+KEPT_JOB_CONDITIONS: Final = frozenset({"Complete", "Failed"})
 KEPT_CONDITION: Final = ("type", "status", "reason", "message", "lastTransitionTime")
 KEPT_OWNER_REFERENCE: Final = ("apiVersion", "kind", "name", "uid", "controller")
+# Stack spec/status fields whose string values come from a small fixed set.
+ENUM_FIELDS: Final = frozenset({"type", "status", "reason", "state"})
 # The RunResult fields pkobatch.controller.fold and plan read (``read_result``, ``job_outcome``,
 # ``fold_status``, outputs, project info, drift, cleared locks) and the ones the model requires.
 FOLDED_RESULT_FIELDS: Final = frozenset(
@@ -93,6 +103,22 @@ def _interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _interned_tree(value: Any) -> Any:
+    """``value`` rebuilt with interned keys, and interned values of ``ENUM_FIELDS``."""
+    if isinstance(value, dict):
+        return {
+            sys.intern(str(key)): (
+                sys.intern(item)
+                if key in ENUM_FIELDS and isinstance(item, str)
+                else _interned_tree(item)
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_interned_tree(item) for item in value]
+    return value
+
+
 def _metadata(meta: Mapping[str, Any]) -> JSON:
     kept: JSON = {key: meta[key] for key in KEPT_METADATA if key in meta}
     if "namespace" in kept:
@@ -123,6 +149,9 @@ def _type(obj: Mapping[str, Any]) -> JSON:
 def cache_stack(obj: JSON) -> JSON:
     """A Stack as cached: everything the controller reads, which is all but metadata noise."""
     kept = {**obj, **_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
+    for part in ("spec", "status"):
+        if part in kept:
+            kept[part] = _interned_tree(kept[part])
     return kept
 
 
@@ -139,6 +168,7 @@ def cache_job(obj: JSON) -> JSON:
             kept_status["conditions"] = [
                 _interned({key: c[key] for key in KEPT_CONDITION if key in c})
                 for c in status["conditions"]
+                if c.get("type") in KEPT_JOB_CONDITIONS
             ]
         kept["status"] = kept_status
     return kept

@@ -29,14 +29,27 @@ from pkobatch.controller.stores import stack_name_of
 
 JSON = dict[str, Any]
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]
+# The condition the Job controller sets before a finished Job's final one.
+INTERIM_CONDITION = {"Complete": "SuccessCriteriaMet", "Failed": "FailureTarget"}
 
 
 def noisy(obj: JSON) -> JSON:
-    """``obj`` as the API server sends it: managed fields and foreign annotations."""
+    """``obj`` as the API server sends it: managed fields, foreign annotations and, on a
+    finished Job, the interim condition before its final one."""
     obj = copy.deepcopy(obj)
     meta = obj.setdefault("metadata", {})
     meta["managedFields"] = MANAGED_FIELDS
     meta.setdefault("annotations", {})["argocd.argoproj.io/tracking-id"] = "app:pulumi.com/Stack"
+    if obj.get("kind") == "Job":
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        obj["status"]["conditions"] = [
+            *(
+                {**c, "type": INTERIM_CONDITION[c["type"]], "reason": "Interim"}
+                for c in conditions
+                if c.get("type") in INTERIM_CONDITION
+            ),
+            *conditions,
+        ]
     return obj
 
 
@@ -108,7 +121,7 @@ def test_failures_retries_deadlines_and_history_plan_the_same_from_the_cache() -
     assert "deadline of" in deadline.status["lastUpdate"]["message"]
 
 
-def test_a_job_keeps_what_the_controller_reads_and_loses_its_pod_template() -> None:
+def test_a_job_keeps_what_the_controller_reads_not_its_pod_template_or_interim_conditions() -> None:
     world = World()
     world.step()
     job = noisy(next(iter(world.jobs.values())))
@@ -120,6 +133,7 @@ def test_a_job_keeps_what_the_controller_reads_and_loses_its_pod_template() -> N
         "uncountedTerminatedPods": {},
         "conditions": [{**condition, "lastProbeTime": "2026-01-01T00:05:00Z"}],
     }
+    job["status"]["conditions"].insert(0, {**condition, "type": "SuccessCriteriaMet"})
     cached = cache_job(job)
     assert Run.from_job(cached) == Run.from_job(job) is not None
     assert of_stack(cached, "stack-uid") and stack_name_of(cached) == "app"
@@ -143,6 +157,22 @@ def test_a_stack_loses_only_metadata_noise() -> None:
     assert cached["metadata"]["labels"] == {"team": "a"}
     assert cached["metadata"]["finalizers"] == stack["metadata"]["finalizers"]
     assert "managedFields" not in cached["metadata"]
+
+
+def test_stacks_decoded_apart_share_their_status_keys_and_enumerated_values() -> None:
+    # Each watch event is decoded on its own, into fresh strings; the cache keeps one of each.
+    text = json.dumps(deployed_world().stack)
+    first, second = (cache_stack(json.loads(text)) for _ in range(2))
+    whole = json.loads(text)
+    assert first["spec"] == whole["spec"] and first["status"] == whole["status"]
+    ready = [
+        next(c for c in stack["status"]["conditions"] if c["type"] == "Ready")
+        for stack in (first, second)
+    ]
+    assert ready[0]["status"] is ready[1]["status"] and ready[0]["reason"] is ready[1]["reason"]
+    keys = [next(k for k in stack["status"] if k == "lastUpdate") for stack in (first, second)]
+    assert keys[0] is keys[1]
+    assert first["status"]["lastUpdate"]["state"] is second["status"]["lastUpdate"]["state"]
 
 
 def test_result_json_keeps_the_folded_fields_only() -> None:
