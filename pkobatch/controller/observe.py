@@ -46,7 +46,7 @@ from pkobatch.controller.fold import (
     job_without_pod,
     pod_status_matters,
 )
-from pkobatch.controller.plan import Observed, SourceObject, run_refusal
+from pkobatch.controller.plan import Observed, RunCheck, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.kube.client import (
@@ -157,7 +157,9 @@ class Observer:
             run_pods[current] = self._pods_of(job)
 
         source = None
-        polled = poll_key(key.namespace, spec) if self._may_poll(stack) else None
+        run_check = self._run_check(stack)
+        may_poll = run_check is not None and run_check.refusal is None
+        polled = poll_key(key.namespace, spec) if may_poll else None
         if polled is None:
             self._poller.forget(key)
         else:
@@ -195,6 +197,7 @@ class Observer:
             pod_creation_failures=pod_creation_failures,
             run_pods=run_pods,
             managed_fields=managed_fields,
+            run_check=run_check,
         )
 
     def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:
@@ -217,13 +220,14 @@ class Observer:
             watched=watches.synced(api_version, kind),
         )
 
-    def _may_poll(self, stack: Mapping[str, Any]) -> bool:
-        """Only a Stack that could run gets its branch polled (with its git credentials)."""
+    def _run_check(self, stack: Mapping[str, Any]) -> RunCheck | None:
+        """Whether the Stack's Job may be created (None: its spec is invalid). Only a Stack
+        that could run gets its branch polled (with its git credentials)."""
         meta = stack.get("metadata") or {}
-        check = load_stack_spec(stack.get("spec") or {}, meta.get("namespace"))
+        check = load_stack_spec(stack.get("spec") or {}, str(meta.get("namespace")))
         if check.spec is None or not check.valid:
-            return False
-        return run_refusal(stack, check.spec, self._settings, self._template) is None
+            return None
+        return RunCheck(run_refusal(stack, check.spec, self._settings, self._template))
 
     def _failed_create(self, job: Mapping[str, Any]) -> str:
         """The latest FailedCreate message the Job controller recorded on ``job`` ("": none)."""

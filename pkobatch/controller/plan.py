@@ -184,6 +184,14 @@ class SourceObject:
 
 
 @dataclass(frozen=True)
+class RunCheck:
+    """``run_refusal``'s answer for the observed Stack (its spec valid), with the
+    controller's settings and template: None when its Job may be created."""
+
+    refusal: str | None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything ``plan`` may look at, read from the stores (and a few live reads)."""
 
@@ -212,6 +220,10 @@ class Observed:
     # The Stack's managedFields, read live only when it approves its pending plan (they name
     # the approver; the cache drops them).
     managed_fields: Sequence[Mapping[str, Any]] = ()
+    # ``run_refusal``'s answer when the observer has already asked it (to decide whether to
+    # poll the branch): building the probe Job is the costliest step of a reconcile, so it
+    # is done once. None: ``plan`` asks itself.
+    run_check: RunCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -762,7 +774,11 @@ class _Planner:
                 STALLED_SPEC_INVALID_REASON, "; ".join(self.check.problems), EVENT_CONFIG_INVALID
             )
             return
-        refusal = run_refusal(self.obs.stack, spec, self.settings, self.template)
+        refusal = (
+            self.obs.run_check.refusal
+            if self.obs.run_check is not None
+            else run_refusal(self.obs.stack, spec, self.settings, self.template)
+        )
         if refusal is not None:
             self._stalled(STALLED_SPEC_INVALID_REASON, refusal, EVENT_CONFIG_INVALID)
             return

@@ -548,6 +548,41 @@ def test_observe_asks_for_a_fresh_head_only_when_the_change_will_run(
     assert poller.asked == [fresh_for]
 
 
+@pytest.mark.parametrize(
+    ("spec", "refused", "polled"),
+    [
+        ({"stack": "dev"}, False, True),
+        ({"stack": "dev", "jobTemplate": {"spec": {"hostPID": True}}}, True, False),
+        ({"projectRepo": 5}, None, False),
+    ],
+)
+def test_observe_hands_its_run_check_to_plan(
+    spec: dict[str, Any], refused: bool | None, polled: bool
+) -> None:
+    from pkobatch.controller.observe import Observer
+    from pkobatch.controller.stores import Stores
+
+    stores = Stores.empty()
+    stores.stacks.upsert(
+        {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "metadata": {"name": "app", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"projectRepo": "https://g/x.git", "branch": "main", **spec},
+        }
+    )
+    poller = FreshnessRecorder()
+    observer = Observer(LiveReads({}), stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
+    observed = observer.observe(StackKey("ns", "app"), datetime.now(UTC))
+    assert observed is not None
+    if refused is None:
+        assert observed.run_check is None
+    else:
+        assert observed.run_check is not None
+        assert (observed.run_check.refusal is not None) == refused
+    assert bool(poller.asked) == polled
+
+
 def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan() -> None:
     from pkobatch.controller.observe import Observer
     from pkobatch.controller.stores import Stores

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from pkobatch.api.stack import StackSpec
 from pkobatch.config import JobSettings, Settings
 from pkobatch.controller.jobs import JobBuildError, Run, build_job, builtin_template
 from pkobatch.controller.observe import Observer
-from pkobatch.controller.plan import Observed, SourceHead, plan, run_refusal
+from pkobatch.controller.plan import Observed, RunCheck, SourceHead, plan, run_refusal
 from pkobatch.controller.polling import GitCredentials, GitPoller, PollKey
 from pkobatch.controller.stores import StackKey, Stores
 from pkobatch.runner.failures import RunFailure
@@ -321,6 +322,31 @@ def test_a_refused_stack_is_stalled_before_waiting_for_its_source(spec: dict[str
     stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
     assert stalled["reason"] == "SpecInvalid"
     assert "spec." in stalled["message"]
+
+
+@pytest.mark.parametrize("spec", [ESCALATIONS[0][1], {}])
+def test_plan_takes_the_observers_run_check_as_its_own(spec: dict[str, Any]) -> None:
+    git = {"projectRepo": "https://g/r.git", "branch": "main", "gitAuth": BASIC_AUTH}
+    obj = stack({**git, **spec})
+    refusal = run_refusal(
+        obj, StackSpec.model_validate(obj["spec"]), Settings(), builtin_template()
+    )
+    asked = plan(observed({**git, **spec}, None), Settings(), builtin_template())
+    told = plan(
+        replace(observed({**git, **spec}, None), run_check=RunCheck(refusal)),
+        Settings(),
+        builtin_template(),
+    )
+    assert told == asked
+
+
+def test_a_refusal_the_observer_found_is_not_checked_again() -> None:
+    git = {"projectRepo": "https://g/r.git", "branch": "main", "gitAuth": BASIC_AUTH}
+    told = replace(observed(git, None), run_check=RunCheck("refused by the observer"))
+    result = plan(told, Settings(), builtin_template())
+    stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["reason"] == "SpecInvalid"
+    assert stalled["message"] == "refused by the observer"
 
 
 def test_an_http_stack_without_opt_in_is_stalled_saying_what_to_set() -> None:
