@@ -7,12 +7,15 @@ the controller's memory grow with history. So the cache keeps only what the cont
 reads:
 
 - every object: no ``managedFields``; only the annotations pkobatch or PKO define
-  (``pkobatch.io/``, ``pulumi.com/``); label keys and values, kinds and API versions are
-  interned (the same few strings repeat in every object);
+  (``pkobatch.io/``, ``pulumi.com/``); keys, kinds, API versions and the values that come
+  from a small fixed set (``BOUNDED_VALUES``: condition types, statuses and reasons, run
+  states, pkobatch's own labels) are interned, as the same few strings repeat in every
+  object. Values unique to an object (names, uids, times, messages) are not: an interned
+  string can outlive its object (CPython 3.12 keeps interned strings forever), and a
+  controller sees new ones with every run;
 - Stacks: everything else, with the keys of ``spec`` and ``status`` and the enumerated
-  values (``ENUM_FIELDS``: condition types, statuses, reasons, run states) interned — the
-  JSON decoder makes fresh strings for each watch event. Free text, times and names are
-  not interned: they rarely repeat, and interned strings can outlive their objects;
+  values (``ENUM_FIELDS``) interned — the JSON decoder makes fresh strings for each
+  watch event;
 - Jobs: metadata, ``spec.activeDeadlineSeconds`` (the deadline a failed run reports) and
   the pod counts, times and final conditions (``Complete``, ``Failed``) of ``status``; not
   the pod template, which is most of a Job and only the Job controller reads, nor the
@@ -32,7 +35,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pkobatch.api.constants import PREFIX, RESULT_KEY
+from pkobatch.api.constants import (
+    MANAGED_BY_LABEL,
+    OPERATION_LABEL,
+    PREFIX,
+    RESULT_KEY,
+    RESULT_LABEL,
+    SHARD_LABEL,
+)
 from pkobatch.api.objects import JSON
 
 KEPT_ANNOTATION_PREFIXES: Final = (f"{PREFIX}/", "pulumi.com/")
@@ -66,6 +76,15 @@ KEPT_CONDITION: Final = ("type", "status", "reason", "message", "lastTransitionT
 KEPT_OWNER_REFERENCE: Final = ("apiVersion", "kind", "name", "uid", "controller")
 # Stack spec/status fields whose string values come from a small fixed set.
 ENUM_FIELDS: Final = frozenset({"type", "status", "reason", "state"})
+# The keys whose string values are interned: those whose values come from a small fixed set.
+BOUNDED_VALUES: Final = ENUM_FIELDS | {
+    "apiVersion",
+    "kind",
+    MANAGED_BY_LABEL,
+    OPERATION_LABEL,
+    RESULT_LABEL,
+    SHARD_LABEL,
+}
 # The RunResult fields pkobatch.controller.fold and plan read (``read_result``, ``job_outcome``,
 # ``fold_status``, outputs, project info, drift, cleared locks) and the ones the model requires.
 FOLDED_RESULT_FIELDS: Final = frozenset(
@@ -97,8 +116,11 @@ SAVED_PLAN_FIELDS: Final = frozenset(
 
 
 def _interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` with interned keys, and interned values of ``BOUNDED_VALUES`` keys."""
     return {
-        sys.intern(str(key)): sys.intern(value) if isinstance(value, str) else value
+        sys.intern(str(key)): (
+            sys.intern(value) if key in BOUNDED_VALUES and isinstance(value, str) else value
+        )
         for key, value in mapping.items()
     }
 
@@ -164,7 +186,7 @@ def cache_job(obj: JSON) -> JSON:
     if isinstance(status, dict):
         kept_status = {key: status[key] for key in KEPT_JOB_STATUS if key in status}
         if status.get("conditions"):
-            # The same few condition types, reasons and messages recur in every Job.
+            # The same few condition types, statuses and reasons recur in every Job.
             kept_status["conditions"] = [
                 _interned({key: c[key] for key in KEPT_CONDITION if key in c})
                 for c in status["conditions"]

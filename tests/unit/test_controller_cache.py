@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from typing import Any
 
 from test_plan import World, deployed_world  # the unit tier's Stack world
 
 from pkobatch.api.constants import (
+    OPERATION_LABEL,
     RECONCILE_REQUEST_ANNOTATION,
     RESULT_KEY,
     RUN_ANNOTATION,
@@ -173,6 +175,39 @@ def test_stacks_decoded_apart_share_their_status_keys_and_enumerated_values() ->
     keys = [next(k for k in stack["status"] if k == "lastUpdate") for stack in (first, second)]
     assert keys[0] is keys[1]
     assert first["status"]["lastUpdate"]["state"] is second["status"]["lastUpdate"]["state"]
+
+
+def interned(value: str) -> bool:
+    """Whether ``value`` is the interned copy of its text (a fresh equal string is not)."""
+    return sys.intern("".join(list(value))) is value
+
+
+def test_jobs_share_their_fixed_strings_but_keep_their_own_names_uids_and_times() -> None:
+    world = World()
+    world.step()
+    job = next(iter(world.jobs.values()))
+    job["status"] = {
+        "conditions": [
+            {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:05:00Z"}
+        ]
+    }
+    cached = cache_job(json.loads(json.dumps(job)))
+    meta = cached["metadata"]
+    (condition,) = cached["status"]["conditions"]
+    (owner,) = meta["ownerReferences"]
+    for shared in (condition["type"], condition["status"], owner["kind"], cached["kind"]):
+        assert interned(shared), shared
+    assert interned(meta["labels"][OPERATION_LABEL])
+    # Unique to this run: interned, they could outlive it.
+    for own in (
+        meta["name"],
+        meta["uid"],
+        owner["uid"],
+        owner["name"],
+        meta["annotations"][RUN_ANNOTATION],
+        condition["lastTransitionTime"],
+    ):
+        assert not interned(own), own
 
 
 def test_result_json_keeps_the_folded_fields_only() -> None:
