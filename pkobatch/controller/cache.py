@@ -11,8 +11,8 @@ reads:
   from a small fixed set (``BOUNDED_VALUES``: condition types, statuses and reasons, run
   states, pkobatch's own labels) are interned, as the same few strings repeat in every
   object. Values unique to an object (names, uids, times, messages) are not: an interned
-  string can outlive its object (CPython 3.12 before 3.12.5 keeps every interned string forever), and a
-  controller sees new ones with every run;
+  string can outlive its object (CPython 3.12 before 3.12.5 keeps every interned string
+  forever), and a controller sees new ones with every run;
 - Stacks: everything else, with the keys of ``spec`` and ``status`` and the enumerated
   values (``ENUM_FIELDS``) interned — the JSON decoder makes fresh strings for each
   watch event;
