@@ -106,13 +106,10 @@ class _GitHubHandler(GitHandler):
         self.wfile.write(payload)
 
     def _authenticated_user(self) -> str | None:
-        scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
-        if scheme != "Basic":
+        credentials = self._basic_credentials()
+        if credentials is None:
             return None
-        try:
-            username, _, password = base64.b64decode(encoded).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return None
+        username, password = credentials
         return username if password in self.server.issued else None
 
 

@@ -119,7 +119,8 @@ class GitHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
-    def _authenticated_user(self) -> str | None:
+    def _basic_credentials(self) -> tuple[str, str] | None:
+        """The username and password of the request's Basic Authorization header."""
         scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
         if scheme != "Basic":
             return None
@@ -127,6 +128,13 @@ class GitHandler(BaseHTTPRequestHandler):
             username, _, password = base64.b64decode(encoded).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return None
+        return username, password
+
+    def _authenticated_user(self) -> str | None:
+        credentials = self._basic_credentials()
+        if credentials is None:
+            return None
+        username, password = credentials
         server = self.server
         if server.token is not None and secrets.compare_digest(password, server.token):
             return username

@@ -24,9 +24,9 @@ from pkobatch.controller.cache import (
     cache_stack,
     folded_result,
 )
-from pkobatch.controller.jobs import Run, builtin_template
+from pkobatch.controller.jobs import Run
 from pkobatch.controller.observe import of_stack
-from pkobatch.controller.plan import Observed, Plan, plan
+from pkobatch.controller.plan import Plan
 from pkobatch.controller.stores import stack_name_of
 
 JSON = dict[str, Any]
@@ -58,21 +58,12 @@ def noisy(obj: JSON) -> JSON:
 class CachedWorld(World):
     """The same world, planned from what the controller's cache keeps."""
 
-    def plan(self) -> Plan:
-        observed = Observed(
-            stack=cache_stack(noisy(self.stack)),
-            jobs=[cache_job(noisy(job)) for job in self.jobs.values()],
-            results={name: cache_result(noisy(cm)) for name, cm in self.results.items()},
-            now=self.now,
-            source=self.source,
-            source_object=self.source_object,
-            prerequisites=self.prerequisites,
-            namespace_terminating=self.namespace_terminating,
-            slot_available=self.slot_available,
-            pod_creation_failures=self.pod_creation_failures,
-            run_pods=self.run_pods,
+    def observed_objects(self) -> tuple[JSON, list[JSON], dict[str, JSON]]:
+        return (
+            cache_stack(noisy(self.stack)),
+            [cache_job(noisy(job)) for job in self.jobs.values()],
+            {name: cache_result(noisy(cm)) for name, cm in self.results.items()},
         )
-        return plan(observed, self.settings, builtin_template())
 
 
 def same_plans(whole: World, cached: World) -> Plan:

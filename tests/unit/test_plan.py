@@ -91,11 +91,20 @@ class World:
             (c for c in self.status.get("conditions", []) if c["type"] == condition_type), None
         )
 
+    def observed_objects(self) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        """The Stack, its Jobs and results as the planner is given them (copies)."""
+        return (
+            copy.deepcopy(self.stack),
+            [copy.deepcopy(j) for j in self.jobs.values()],
+            copy.deepcopy(self.results),
+        )
+
     def plan(self) -> Plan:
+        stack, jobs, results = self.observed_objects()
         observed = Observed(
-            stack=copy.deepcopy(self.stack),
-            jobs=[copy.deepcopy(j) for j in self.jobs.values()],
-            results=copy.deepcopy(self.results),
+            stack=stack,
+            jobs=jobs,
+            results=results,
             now=self.now,
             source=self.source,
             source_object=self.source_object,
