@@ -22,7 +22,9 @@ Phases:
 1. baseline: a bare client (no rate limit) in its own namespace: one thread applies the N
    Stacks, ``--workers`` threads take each applied Stack and make the writes the controller
    makes before a run, in its order: the Job (built by the controller's own builder, created
-   suspended so no pod runs) and its inputs, the finalizer, the status, the Event. The clock
+   suspended so no pod runs) and its inputs, the finalizer, the status, then queue the Event,
+   which the controller's own event recorder posts from its sender thread (as the controller
+   does: pkobatch.controller.events; unlimited here, as the rest of this client). The clock
    runs from the first apply until every Job exists.
 2. controller: ``pkobatch controller`` with ``--workers`` workers and its default rate limit;
    the same applier; the clock runs from the first apply until every Job exists (the same end
@@ -494,7 +496,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
 
     settings = Settings().job
     template = builtin_template()
-    events = EventRecorder(kube, "bench-baseline")
+    events = EventRecorder(kube.with_own_rate_limit(), "bench-baseline")
     applied: queue.Queue[JSON | None] = queue.Queue()
     job_created: list[float] = []
 
@@ -561,6 +563,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
             before_run(stack)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    events.start()
     for thread in threads:
         thread.start()
     started = time.monotonic()
@@ -569,6 +572,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
         applied.put(None)
     for thread in threads:
         thread.join()
+    events.stop()
     return max(job_created) - started
 
 

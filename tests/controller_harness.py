@@ -44,6 +44,7 @@ from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
+    EVENTS,
     JOBS,
     NAMESPACES,
     ROLEBINDINGS,
@@ -297,6 +298,28 @@ def wait_stack(
         status = (seen[0].get("status") if seen else None) or {}
         raise AssertionError(f"{exc}\nlast status: {status}") from exc
     return seen[0]
+
+
+def wait_events(
+    kube: Kube,
+    namespace: str,
+    matching: Callable[[JSON], bool],
+    *,
+    count: int = 1,
+    timeout: float = 60.0,
+    what: str = "",
+) -> list[JSON]:
+    """Poll until at least ``count`` of the namespace's Events match; returns those that do.
+    The controller posts Events from a queue after the status write that decided them
+    (pkobatch.controller.events), so a test that has seen the status must still wait."""
+    found: list[JSON] = []
+
+    def check() -> bool:
+        found[:] = [e for e in kube.list_objects(EVENTS, namespace)[0] if matching(e)]
+        return len(found) >= count
+
+    wait_until(check, timeout=timeout, what=what or f"{count} matching Event(s) in {namespace}")
+    return found
 
 
 def ready(stack: JSON) -> bool:

@@ -1,7 +1,8 @@
 """Act: carry out a ``Plan`` with as few API writes as possible.
 
 Order: finalizer added → Job created → its inputs created → status written → old Jobs and
-results deleted → finalizer removed → Events posted → prerequisites poked. The Job comes
+results deleted → finalizer removed → Events queued (the recorder posts them from its own
+thread, ``controller.events``) → prerequisites poked. The Job comes
 before the status that names it, so status never points at a Job that was never made; if the
 status write then fails, the next reconcile adopts the Job (deterministic names make a second
 create an ``AlreadyExists``).

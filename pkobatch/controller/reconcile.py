@@ -203,14 +203,15 @@ class StackReconciler:
         metrics.track_admission(self.admission.waiting, settings.max_active_jobs)
         self.dependents = Dependents()
         self._observer = Observer(kube, stores, self.poller, settings, self._template)
-        events = EventRecorder(kube)
-        self._actor = Actor(kube, events)
+        # Events have their own rate limit and sender thread (``controller.events``).
+        self._events = EventRecorder(kube.with_own_rate_limit(), on_dropped=metrics.events_dropped)
+        self._actor = Actor(kube, self._events)
         self.notifier = Notifier(
             kube,
             settings.notifications,
             metrics.registry,
             [*settings.namespaces] or [None],
-            events,
+            self._events,
         )
         self._seeded = False
 
@@ -218,12 +219,14 @@ class StackReconciler:
 
     def start(self) -> None:
         self._seed()
+        self._events.start()
         self.notifier.start()
         self.poller.start()
 
     def stop(self) -> None:
         self.poller.stop()
         self.notifier.stop()
+        self._events.stop()
 
     def _seed(self) -> None:
         if self._seeded:

@@ -52,6 +52,11 @@ class StackMetrics:
             buckets=OPERATION_BUCKETS,
             registry=registry,
         )
+        self._events_dropped = Counter(
+            "pkobatch_events_dropped_total",
+            "Kubernetes Events not posted: their queue was full or the controller was stopping",
+            registry=registry,
+        )
         for operation in OPERATIONS:
             self._operation_duration.labels(operation)
             for op_result in OPERATION_RESULTS:
@@ -62,6 +67,9 @@ class StackMetrics:
         self._operations.labels(operation, result).inc()
         if duration_seconds >= 0:
             self._operation_duration.labels(operation).observe(duration_seconds)
+
+    def events_dropped(self, count: int) -> None:
+        self._events_dropped.inc(count)
 
     def track_stores(self, stores: Stores) -> None:
         self.registry.register(_StoreCollector(stores))

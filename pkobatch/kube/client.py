@@ -16,7 +16,8 @@ connection ends the stream instead of hanging forever.
 
 A ``TokenBucket`` given to the client (the controller's ``PKOBATCH_KUBE_QPS`` /
 ``PKOBATCH_KUBE_BURST``) is shared by every request it sends, watches included; the time
-each request waited for its token goes to the ``on_wait`` hook (metrics).
+each request waited for its token goes to the ``on_wait`` hook (metrics). The controller's
+Events go through ``with_own_rate_limit()``: another bucket of the same size.
 """
 
 from __future__ import annotations
@@ -369,6 +370,19 @@ class Kube:
             on_request,
             rate_limiter=rate_limiter,
             on_wait=on_wait,
+        )
+
+    def with_own_rate_limit(self) -> Kube:
+        """A client on the same connections and hooks whose requests take tokens from a
+        bucket of their own, as large and as fast as this one's (none if this one has none):
+        client-go's second clientset from the same config. For requests that must neither
+        wait behind this client's nor make them wait (the controller's Events)."""
+        limiter = self._rate_limiter
+        return Kube(
+            self._api,
+            self._on_request,
+            rate_limiter=limiter.another() if limiter else None,
+            on_wait=self._on_wait,
         )
 
     @property

@@ -41,6 +41,10 @@ class TokenBucket:
         self._tokens = float(burst)
         self._updated = clock()
 
+    def another(self) -> TokenBucket:
+        """A new full bucket of the same size, rate and clock, shared with no one."""
+        return TokenBucket(self.qps, self.burst, clock=self._clock, sleep=self._sleep)
+
     def reserve(self) -> float:
         """Take one token now, possibly going into debt; the seconds until it is covered."""
         with self._lock:

@@ -32,6 +32,7 @@ from controller_harness import (
     ready,
     stack_jobs,
     stack_spec,
+    wait_events,
     wait_stack,
 )
 from sentinels import plant
@@ -183,8 +184,7 @@ def test_failing_program_retries_then_stalls_and_a_fix_recovers(
         next_start = parse_time(jobs[attempt + 1]["metadata"]["creationTimestamp"])
         assert ended is not None and next_start is not None
         assert (next_start - ended).total_seconds() >= 3**attempt - 1
-    events, _ = kube.list_objects(EVENTS, namespace)
-    assert sum(1 for e in events if e["reason"] == "StackUpdateFailure") >= 4
+    wait_events(kube, namespace, lambda e: e["reason"] == "StackUpdateFailure", count=4)
 
     # Nothing more happens while stalled (the last backoff would have been 27 s).
     time.sleep(30)
@@ -471,8 +471,7 @@ def test_drift_is_detected_and_remediated(
     assert check["state"] == "succeeded" and check["driftedResources"] >= 1
     assert target.read_text() == "hello 0"
     assert condition(stack, "Ready")["status"] == "True"
-    events, _ = kube.list_objects(EVENTS, namespace)
-    assert any(e["reason"] == "DriftDetected" for e in events)
+    wait_events(kube, namespace, lambda e: e["reason"] == "DriftDetected")
 
 
 # ---------------------------------------------------------------------------------------
@@ -733,8 +732,7 @@ def test_a_hard_killed_runs_lock_is_removed_by_the_next_run(
     second = last_update(stack)["name"]
     assert last_update(stack)["state"] == "succeeded"
     assert not lock.exists()
-    events, _ = kube.list_objects(EVENTS, namespace)
-    (removed,) = [e for e in events if e["reason"] == "StaleLockRemoved"]
+    (removed,) = wait_events(kube, namespace, lambda e: e["reason"] == "StaleLockRemoved")
     assert removed["regarding"]["name"] == "app"
     assert first in removed["note"] and pod["metadata"]["name"] in removed["note"]
     (second_pod,) = kube.list_objects(PODS, namespace, label_selector=f"job-name={second}")[0]

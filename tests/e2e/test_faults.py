@@ -204,8 +204,14 @@ def test_runner_sigkill_mid_update_ends_ready_after_the_retry_clears_its_lock(
     # The killed update left its lock; the retry removes it (its Job is finished) and runs.
     assert ready(stack), last_update(stack)
     assert pulumi_locks(pulumi_env) == []
-    events, _ = kube.list_objects(CORE_EVENTS, namespace)
-    assert [e for e in events if e["reason"] == "StaleLockRemoved" and first in e["message"]]
+    wait_until(
+        lambda: any(
+            e["reason"] == "StaleLockRemoved" and first in e["message"]
+            for e in kube.list_objects(CORE_EVENTS, namespace)[0]
+        ),
+        timeout=60,
+        what="the StaleLockRemoved Event",
+    )
 
 
 def test_300_stacks_at_once_all_ready_without_retries(

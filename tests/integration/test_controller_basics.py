@@ -22,6 +22,7 @@ from controller_harness import (
     condition,
     create_secret,
     install_controller_rbac,
+    wait_events,
     wait_stack,
 )
 
@@ -100,9 +101,11 @@ def test_invalid_spec_is_stalled_and_deletion_releases_the_finalizer(
     assert "cross-namespace" in condition(stack, "Stalled")["message"]
     assert condition(stack, "Ready")["status"] == "False"
     assert stack["status"]["observedGeneration"] == stack["metadata"]["generation"]
-    events, _ = kube.list_objects(EVENTS, namespace)
-    reasons = {e["reason"] for e in events if e["regarding"]["name"] == "broken"}
-    assert "StackConfigInvalid" in reasons
+    wait_events(
+        kube,
+        namespace,
+        lambda e: e["regarding"]["name"] == "broken" and e["reason"] == "StackConfigInvalid",
+    )
     kube.delete(STACKS, "broken", namespace)
     wait_until(
         lambda: kube.get_or_none(STACKS, "broken", namespace) is None,

@@ -28,6 +28,7 @@ from controller_harness import (
     last_update,
     ready,
     stack_jobs,
+    wait_events,
     wait_stack,
 )
 
@@ -35,7 +36,6 @@ from pkobatch.api.constants import EVENT_CREATED, FINALIZER, SHARD_LABEL
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
-    EVENTS,
     JOBS,
     LEASES,
     ROLEBINDINGS,
@@ -131,8 +131,14 @@ def shard_of(obj: JSON) -> str:
 
 
 def created_events(kube: Kube, namespace: str, name: str) -> int:
-    events, _ = kube.list_objects(EVENTS, namespace)
-    return sum(1 for e in events if e["regarding"]["name"] == name and e["reason"] == EVENT_CREATED)
+    """The Stack's EVENT_CREATED Events, once there is one (Events are posted from a queue)."""
+    return len(
+        wait_events(
+            kube,
+            namespace,
+            lambda e: e["regarding"]["name"] == name and e["reason"] == EVENT_CREATED,
+        )
+    )
 
 
 def running(stack: JSON) -> bool:

@@ -164,3 +164,36 @@ def test_a_client_without_a_limiter_never_waits(kubeconfig: Path) -> None:
     finally:
         kube.close()
     assert waited == []
+
+
+def test_a_client_with_its_own_rate_limit_has_a_bucket_of_the_same_size_to_itself(
+    kubeconfig: Path,
+) -> None:
+    clock = FakeClock()
+    waited: list[tuple[str, float]] = []
+    kube = Kube.connect(
+        str(kubeconfig),
+        rate_limiter=bucket(10, 2, clock),
+        on_wait=lambda method, seconds: waited.append((method, seconds)),
+    )
+    events = kube.with_own_rate_limit()
+    try:
+        for _ in range(3):
+            kube.list_objects(CONFIGMAPS, "ns")
+        # The first client's bucket is empty; the second's is full, then refills at 10/s.
+        for _ in range(3):
+            events.request("GET", CONFIGMAPS.path("ns"))
+    finally:
+        kube.close()
+    # Time stands still: each bucket lets its burst through, then its third waits 0.1 s.
+    assert [seconds for _, seconds in waited] == pytest.approx([0, 0, 0.1, 0, 0, 0.1])
+
+
+def test_a_client_without_a_limiter_gives_one_without_a_limiter(kubeconfig: Path) -> None:
+    waited: list[tuple[str, float]] = []
+    kube = Kube.connect(str(kubeconfig), on_wait=lambda m, s: waited.append((m, s)))
+    try:
+        kube.with_own_rate_limit().list_objects(CONFIGMAPS, "ns")
+    finally:
+        kube.close()
+    assert waited == []

@@ -174,6 +174,9 @@ class Cluster:
     def list_objects(self, *_: Any, **__: Any) -> tuple[list[Any], str]:
         return [], "1"
 
+    def with_own_rate_limit(self) -> Cluster:
+        return self
+
     def jobs(self) -> list[str]:
         return [name for name in self.created if name.startswith("Job/")]
 
