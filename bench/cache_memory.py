@@ -1,5 +1,6 @@
-"""Memory of the controller's cache for N Stacks with H runs of history each, with the
-reflector transforms (``pkobatch.controller.cache``) and without them, side by side.
+"""Memory of the controller's cache for N Stacks with H runs of history each: as the
+controller keeps it (reflector transforms of ``pkobatch.controller.cache``, finished runs
+packed), with the transforms but nothing packed, and with neither, side by side.
 
     .venv/bin/python bench/cache_memory.py [--stacks 10000] [--history 5]
 
@@ -8,8 +9,9 @@ send — N Stacks (status as the controller writes it after a run), N x H Jobs (
 controller's own Job builder, complete) and N x H result ConfigMaps, each with the metadata
 the API server adds (uid, resourceVersion, creationTimestamp, managedFields of the writer
 and of the status writer) — decodes it page by page (500 objects, like a list), passes every
-object through the variant's transform into the controller's stores (``Stores.empty()``,
-indexed by Stack), and reports the process's resident memory before and after (what
+object through the variant's transform into the variant's stores (indexed by Stack:
+``Stores.empty()`` for the controller's, the same stores without packing for the others), and
+reports the process's resident memory before and after (what
 decoding left fragmented included, as in the controller), with ``--live`` also the live
 bytes the stores hold. This is the part of the controller's memory that grows with Stacks
 and history; ``bench/fanout.py`` measures the whole controller process on a real control
@@ -31,6 +33,8 @@ from typing import Any
 
 JSON = dict[str, Any]
 PAGE = 500
+# The controller's stores; transforms without packing; neither (slim only).
+VARIANTS = ("controller", "unpacked", "untransformed")
 NAMESPACE = "team"
 
 
@@ -207,15 +211,18 @@ def pages(objects: list[JSON]) -> Iterator[bytes]:
 def measure(variant: str, count: int, runs: int, live: bool) -> None:
     """One variant in this process: prints the cache's RSS growth in MiB."""
     from pkobatch.controller.cache import cache_job, cache_result, cache_stack
-    from pkobatch.controller.stores import Stores
-    from pkobatch.runtime.store import slim
+    from pkobatch.controller.stores import Stores, stack_name_of
+    from pkobatch.runtime.store import Store, slim
 
     transforms: dict[str, tuple[Callable[[JSON], JSON], ...]] = {
-        "transformed": (cache_stack, cache_job, cache_result),
+        "controller": (cache_stack, cache_job, cache_result),
+        "unpacked": (cache_stack, cache_job, cache_result),
         "untransformed": (slim, slim, slim),
     }
     to_stack, to_job, to_result = transforms[variant]
     stores = Stores.empty()
+    if variant != "controller":
+        stores.jobs, stores.configmaps = Store(stack_name_of), Store(stack_name_of)
     # Everything imported and built once before the first reading (the Job builder's
     # modules are a large part of the process).
     for _ in history(served(stack("warm-up"), 0, ("kubectl", "kubectl")), 1):
@@ -263,7 +270,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"cache of {args.stacks} Stacks with {args.history} runs of history each", flush=True)
     grown = {}
-    for variant in ("transformed", "untransformed"):
+    for variant in VARIANTS:
         output = subprocess.run(
             [
                 sys.executable,
@@ -286,7 +293,8 @@ def main() -> None:
             f"after (+{grown[variant]:.0f} MiB){held}",
             flush=True,
         )
-    print(f"ratio transformed / untransformed: {grown['transformed'] / grown['untransformed']:.2f}")
+    for variant in VARIANTS[:-1]:
+        print(f"ratio {variant} / untransformed: {grown[variant] / grown['untransformed']:.2f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ reads:
   approval); unreadable JSON is kept as it is, so folding reports it.
 
 Live reads (``Kube.get``) return whole objects; nothing here changes what is written.
+
+Finished Jobs and results stop changing, so the stores keep them packed (deflated JSON,
+``pkobatch.controller.stores.SETTLED_RUNS``) against ``PACKING_DICTIONARY``: a finished run
+as cached here, with placeholder names, uids and times, so that what every packed run
+shares (keys, labels, conditions, result fields) costs a few bytes each time.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from pkobatch.api.constants import (
     SHARD_LABEL,
 )
 from pkobatch.api.objects import JSON
+from pkobatch.api.run import ProjectInfo, RunResult, StackRef
+from pkobatch.controller.jobs import Run
 
 KEPT_ANNOTATION_PREFIXES: Final = (f"{PREFIX}/", "pulumi.com/")
 KEPT_METADATA: Final = (
@@ -218,3 +225,107 @@ def cache_result(obj: JSON) -> JSON:
     if isinstance(text, str):
         kept["data"] = {RESULT_KEY: folded_result(text)}
     return kept
+
+
+def _sample_finished_run() -> tuple[JSON, JSON]:
+    """A finished Job and its result as this module caches them, with placeholder values
+    of the usual lengths."""
+    stack, namespace, stack_uid = "app-stack", "default", "00000000-0000-4000-8000-000000000000"
+    job_name, job_uid, at = (
+        "app-stack-up-0123456789",
+        "00000000-0000-4000-8000-000000000001",
+        ("2026-01-01T00:00:00Z"),
+    )
+    labels = {MANAGED_BY_LABEL: "pkobatch", f"{PREFIX}/stack": stack, OPERATION_LABEL: "up"}
+    run = Run("up", "sync", 1, "", "0" * 40, "after::")
+    job = cache_job(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": job_name,
+                "namespace": namespace,
+                "uid": job_uid,
+                "resourceVersion": "1000000",
+                "generation": 1,
+                "creationTimestamp": at,
+                "labels": labels,
+                "annotations": {
+                    f"{PREFIX}/stack-uid": stack_uid,
+                    f"{PREFIX}/run": run.to_annotation(),
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "pulumi.com/v1",
+                        "kind": "Stack",
+                        "name": stack,
+                        "uid": stack_uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"activeDeadlineSeconds": 3600},
+            "status": {
+                "failed": 1,
+                "succeeded": 1,
+                "startTime": at,
+                "completionTime": at,
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "DeadlineExceeded",
+                        "message": "Job was active longer than specified deadline",
+                        "lastTransitionTime": at,
+                    },
+                    {
+                        "type": "Complete",
+                        "status": "True",
+                        "reason": "CompletionsReached",
+                        "message": "Reached expected number of succeeded pods",
+                        "lastTransitionTime": at,
+                    },
+                ],
+            },
+        }
+    )
+    result = RunResult(
+        operation="up",
+        state="succeeded",
+        reason="Succeeded",
+        message="",
+        stack=StackRef(name=stack, namespace=namespace, uid=stack_uid),
+        job_name=job_name,
+        generation=1,
+        commit="0" * 40,
+        end_time=at,
+        permalink="",
+        project_info=ProjectInfo(name="app", runtime="python"),
+    )
+    configmap = cache_result(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                **job["metadata"],
+                "labels": {**labels, RESULT_LABEL: "succeeded"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job_name,
+                        "uid": job_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "data": {RESULT_KEY: result.to_json()},
+        }
+    )
+    return job, configmap
+
+
+PACKING_DICTIONARY: Final = b"".join(
+    json.dumps(obj, separators=(",", ":")).encode() for obj in _sample_finished_run()
+)

@@ -243,7 +243,7 @@ class StackReconciler:
                 return None
             return StackKey(namespace, name)
 
-        self.admission.seed(self._stores.jobs.list_objects(), stack_of)
+        self.admission.seed(self._stores.jobs.list_unpacked(), stack_of)
 
     # -- Reconciler ------------------------------------------------------------------------
 

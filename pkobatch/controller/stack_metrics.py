@@ -165,7 +165,7 @@ class _StoreCollector:
             "pkobatch_jobs_active", "pkobatch Jobs that have not finished (Complete or Failed)"
         )
         active.add_metric(
-            [], float(sum(1 for job in self._stores.jobs.list_objects() if not job_finished(job)))
+            [], float(sum(1 for job in self._stores.jobs.list_unpacked() if not job_finished(job)))
         )
         yield active
 

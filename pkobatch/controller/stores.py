@@ -9,18 +9,25 @@ A Job or result ConfigMap belongs to the Stack named by, in order: the
 controlling ownerReference of kind Stack, the ``pkobatch.io/stack`` label
 (``stack_name_of``). The stores of Jobs and ConfigMaps are indexed by it, so the reconciler
 finds a Stack's own objects without scanning (``jobs.for_owner(namespace, stack_name)``).
+
+Finished Jobs and the ConfigMaps (a run's result and inputs, written once) do not change
+again and are read only when their Stack reconciles, yet with a few runs of history they
+are most of what the controller caches: their stores keep them packed (``SETTLED_RUNS``,
+deflated against ``pkobatch.controller.cache.PACKING_DICTIONARY``).
+``jobs.list_unpacked()`` lists the Jobs still running without decoding the finished ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from pkobatch.api.constants import KIND, STACK_LABEL, STACK_NAME_ANNOTATION
-from pkobatch.api.objects import JSON
+from pkobatch.api.objects import JSON, job_finished
+from pkobatch.controller.cache import PACKING_DICTIONARY
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
-from pkobatch.runtime.store import Store
+from pkobatch.runtime.store import Packing, Store
 
 StackKey = ObjectKey
 """The key of a Stack: its namespace and name."""
@@ -43,6 +50,15 @@ def stack_name_of(obj: JSON) -> str | None:
             return str(owner.get("name") or "") or None
     label = (meta.get("labels") or {}).get(STACK_LABEL)
     return str(label) if label else None
+
+
+def settled(obj: JSON) -> bool:
+    """Whether a watched Job or ConfigMap will not change again: a finished Job, or a
+    ConfigMap (the stores keep these packed)."""
+    return obj.get("kind") == "ConfigMap" or job_finished(obj)
+
+
+SETTLED_RUNS: Final = Packing(settled, PACKING_DICTIONARY)
 
 
 class FluxSources(Protocol):
@@ -70,8 +86,8 @@ class Stores:
     def empty(cls) -> Stores:
         return cls(
             stacks=Store(),
-            jobs=Store(owner_of=stack_name_of),
-            configmaps=Store(owner_of=stack_name_of),
+            jobs=Store(owner_of=stack_name_of, packing=SETTLED_RUNS),
+            configmaps=Store(owner_of=stack_name_of, packing=SETTLED_RUNS),
             programs=Store(),
         )
 

@@ -27,7 +27,7 @@ from pkobatch.controller.cache import (
 from pkobatch.controller.jobs import Run
 from pkobatch.controller.observe import of_stack
 from pkobatch.controller.plan import Plan
-from pkobatch.controller.stores import stack_name_of
+from pkobatch.controller.stores import SETTLED_RUNS, Stores, stack_name_of
 
 JSON = dict[str, Any]
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]
@@ -56,13 +56,21 @@ def noisy(obj: JSON) -> JSON:
 
 
 class CachedWorld(World):
-    """The same world, planned from what the controller's cache keeps."""
+    """The same world, planned from what the controller's cache keeps: transformed, and
+    read back from the controller's stores (finished runs packed)."""
 
     def observed_objects(self) -> tuple[JSON, list[JSON], dict[str, JSON]]:
+        stores = Stores.empty()
+        for job in self.jobs.values():
+            stores.jobs.upsert(cache_job(noisy(job)))
+        for cm in self.results.values():
+            stores.configmaps.upsert(cache_result(noisy(cm)))
+        meta = self.stack["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
         return (
             cache_stack(noisy(self.stack)),
-            [cache_job(noisy(job)) for job in self.jobs.values()],
-            {name: cache_result(noisy(cm)) for name, cm in self.results.items()},
+            stores.jobs.for_owner(namespace, name),
+            {cm["metadata"]["name"]: cm for cm in stores.configmaps.for_owner(namespace, name)},
         )
 
 
@@ -223,3 +231,24 @@ def test_an_unreadable_result_is_cached_as_it_is_so_folding_can_say_so() -> None
     assert folded_result("{not json") == "{not json"
     assert folded_result("[1, 2]") == "[1, 2]"
     assert "data" not in cache_result({"metadata": {"name": "x"}})
+
+
+def test_finished_runs_are_kept_packed_small_and_running_jobs_as_dicts() -> None:
+    world = World()
+    world.step()
+    stores = Stores.empty()
+    (running,) = (cache_job(noisy(job)) for job in world.jobs.values())
+    stores.jobs.upsert(running)
+    assert stores.jobs.list_unpacked() == [running]
+    name = world.finish(outputs={"url": "http://x"})
+    job, result = cache_job(noisy(world.jobs[name])), cache_result(noisy(world.results[name]))
+    stores.jobs.upsert(job)
+    stores.configmaps.upsert(result)
+    assert stores.jobs.list_unpacked() == []  # finished: packed
+    assert stores.jobs.get("team", name) == job
+    assert stores.configmaps.get("team", name) == result
+    for obj in (job, result):
+        text = json.dumps(obj, separators=(",", ":")).encode()
+        # Against the dictionary of a finished run's usual text, what is left is mostly
+        # this run's own names, uids and times.
+        assert len(SETTLED_RUNS.pack(obj)) < len(text) / 3

@@ -19,7 +19,6 @@ from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
-    RESULT_KEY,
 )
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
@@ -27,6 +26,7 @@ from pkobatch.config import Settings
 from pkobatch.controller.fold import POD_START_LIMIT
 from pkobatch.controller.jobs import Run, builtin_template
 from pkobatch.controller.plan import Observed, Plan, SourceHead, SourceObject, plan
+from pkobatch.runner.result import result_config_map, result_labels
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SHA1 = "1" * 40
@@ -208,15 +208,16 @@ class World:
             drifted_resources=drifted,
             project_info=ProjectInfo(name="app", runtime="python"),
         )
-        self.results[name] = {
-            "metadata": {
-                "name": name,
-                "namespace": "team",
-                "creationTimestamp": rfc3339(self.now),
-                "ownerReferences": [{"kind": "Job", "name": name, "uid": job["metadata"]["uid"]}],
-            },
-            "data": {RESULT_KEY: result.to_json()},
-        }
+        # As the runner writes it, with the creation time the API server adds.
+        configmap = result_config_map(
+            result,
+            name=name,
+            namespace="team",
+            labels=result_labels(job["metadata"].get("labels") or {}, "app", run.operation),
+            job_uid=job["metadata"]["uid"],
+        )
+        configmap["metadata"]["creationTimestamp"] = rfc3339(self.now)
+        self.results[name] = configmap
         kind = "Complete" if state == "succeeded" else "Failed"
         job["status"]["conditions"] = [
             {"type": kind, "status": "True", "lastTransitionTime": rfc3339(self.now)}

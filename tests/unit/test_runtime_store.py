@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pkobatch.api.constants import STACK_LABEL, STACK_NAME_ANNOTATION
 from pkobatch.controller.stores import stack_name_of
 from pkobatch.runtime.interfaces import ObjectKey
-from pkobatch.runtime.store import Store, slim
+from pkobatch.runtime.store import Packing, Store, slim
 
 
 def obj(
@@ -114,3 +115,65 @@ def test_slim_drops_managed_fields_and_last_applied() -> None:
     slim(big)
     assert "managedFields" not in big["metadata"]
     assert big["metadata"]["annotations"] == {"keep": "me"}
+
+
+def finished(name: str, rv: str = "1", stack: str = "a") -> dict[str, Any]:
+    job = obj(name, rv, labels={STACK_LABEL: stack})
+    job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    return job
+
+
+PACK_FINISHED = Packing(lambda o: "status" in o, dictionary=b'{"status":{"succeeded":1}}')
+
+
+def test_packed_objects_read_back_equal_and_only_unpacked_ones_are_listed_as_such() -> None:
+    store = Store(owner_of=stack_name_of, packing=PACK_FINISHED)
+    running, done = obj("run", labels={STACK_LABEL: "a"}), finished("done")
+    store.upsert(running)
+    store.upsert(done)
+    assert store.get("ns", "done") == done
+    assert store.get("ns", "done") is not done  # decoded afresh: the dict was not kept
+    assert store.get("ns", "run") is running
+    assert sorted(j["metadata"]["name"] for j in store.for_owner("ns", "a")) == ["done", "run"]
+    assert sorted(j["metadata"]["name"] for j in store.list_objects()) == ["done", "run"]
+    assert store.list_unpacked() == [running]
+    # Finishing replaces the dict with its packed form; the old one is returned.
+    assert store.upsert(finished("run", "2")) is running
+    assert store.list_unpacked() == []
+    assert store.delete(done) == done
+    assert [j["metadata"]["name"] for j in store.for_owner("ns", "a")] == ["run"]
+
+
+def test_a_packed_object_moves_between_owners_and_leaves_no_empty_index() -> None:
+    store = Store(owner_of=stack_name_of, packing=PACK_FINISHED)
+    store.upsert(finished("j", "1", stack="a"))
+    store.upsert(finished("j", "2", stack="b"))
+    assert store.for_owner("ns", "a") == []
+    assert [j["metadata"]["resourceVersion"] for j in store.for_owner("ns", "b")] == ["2"]
+    store.delete(finished("j", "2", stack="b"))
+    assert store.for_owner("ns", "b") == [] and len(store) == 0
+    assert store._by_owner == {}  # no index entry outlives the objects it listed
+
+
+def test_a_relist_reports_a_packed_object_only_when_its_version_changed() -> None:
+    store = Store(owner_of=stack_name_of, packing=PACK_FINISHED)
+    store.upsert(finished("same"))
+    store.upsert(finished("bumped"))
+    store.upsert(finished("gone"))
+    changed, deleted = store.replace([finished("same"), finished("bumped", "2")])
+    assert [(old, new) for old, new in changed] == [(finished("bumped"), finished("bumped", "2"))]
+    assert deleted == [finished("gone")]
+    assert sorted(j["metadata"]["name"] for j in store.for_owner("ns", "a")) == ["bumped", "same"]
+
+
+def test_packing_against_a_dictionary_of_the_usual_text_makes_an_object_small() -> None:
+    def compact(value: dict[str, Any]) -> bytes:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+    packing = Packing(lambda _: True, dictionary=compact(finished("some-job")))
+    job = finished("another-job", "12345")
+    text = compact(job)
+    packed = packing.pack(job)
+    assert packing.unpack(packed) == job
+    assert len(packed) < len(text) / 4
+    assert len(packed) < len(Packing(lambda _: True).pack(job))  # the dictionary is what helps
