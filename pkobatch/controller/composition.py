@@ -105,11 +105,19 @@ def build_manager(
     # The transforms keep only what the controller reads (``controller.cache``).
     # A shard's Jobs and results carry its label: each controller caches only its share.
     children = ",".join(part for part in (MANAGED_SELECTOR, settings.shard_selector) if part)
+    # Every key is a cached Stack's, so the Stacks' resync covers them all.
     watches = [
         Watch(STACKS, stores.stacks, the_stack, settings.stack_selector, cache_stack),
-        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), children, cache_job),
-        Watch(CONFIGMAPS, stores.configmaps, owning_stack(stores.stacks), children, cache_result),
-        Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks)),
+        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), children, cache_job, resync=False),
+        Watch(
+            CONFIGMAPS,
+            stores.configmaps,
+            owning_stack(stores.stacks),
+            children,
+            cache_result,
+            resync=False,
+        ),
+        Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks), resync=False),
     ]
     return Manager(
         kube,

@@ -14,6 +14,8 @@ released, endpoints close.
 
 Resync (every ``resync_period``): every cached object goes through its watch's map function
 again, as an informer's resync delivers every object to its handlers; the queue coalesces.
+Resynced keys are queued at low priority (behind any change that arrives meanwhile), and a
+watch may opt out (``Watch.resync``) when another watch's resync covers its keys.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class Watch:
     to_keys: MapFunc
     label_selector: str = ""
     transform: Transform = slim
+    # False: a resync skips this watch's objects (their keys are queued by another watch's
+    # resync anyway, and listing a store whose objects are kept packed decodes them all).
+    resync: bool = True
 
 
 @dataclass(frozen=True)
@@ -242,10 +247,11 @@ class Manager:
     def _resync(self) -> None:
         keys: set[ObjectKey] = set()
         for watch in self._watches:
-            for obj in watch.store.list_objects():
-                keys.update(watch.to_keys(obj))
+            if watch.resync:
+                for obj in watch.store.list_objects():
+                    keys.update(watch.to_keys(obj))
         for key in keys:
-            self.queue.add(key)
+            self.queue.add(key, low_priority=True)
         log.info("resync: queued %d keys", len(keys))
 
     def _shutdown(self, started: list[str], renew_stop: threading.Event) -> None:

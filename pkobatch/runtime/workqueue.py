@@ -6,6 +6,10 @@
 - ``add_after(key, delay)`` keeps only the earliest pending time per key; due keys are moved
   into the queue by whichever thread looks next (no timer thread).
 - ``add_rate_limited(key)`` delays by the key's exponential backoff; ``forget(key)`` resets it.
+- ``add(key, low_priority=True)`` (controller-runtime's priority queue, for a resync) puts the
+  key behind every key added normally: a periodic resync of 10,000 Stacks must not make an
+  edit wait for 10,000 reconciles. Adding a waiting low-priority key normally moves it up;
+  adding a waiting normal key at low priority changes nothing.
 
 One deliberate difference: after ``shutdown()`` ``get()`` returns None at once instead of
 draining the queue — on SIGTERM workers finish what they hold and take nothing new; the
@@ -81,6 +85,12 @@ class WorkQueue(Generic[K]):
         self._metrics = metrics
         self._cond = threading.Condition()
         self._queue: deque[K] = deque()
+        # Low priority: (key, entry number); an entry counts only while ``_low_queued``
+        # holds its number (a key moved up leaves a stale entry behind).
+        self._low: deque[tuple[K, int]] = deque()
+        self._low_queued: dict[K, int] = {}
+        # Keys added at low priority while processing: queued low again by ``done``.
+        self._low_dirty: set[K] = set()
         self._dirty: set[K] = set()
         self._added_at: dict[K, float] = {}
         self._processing: dict[K, float] = {}
@@ -91,15 +101,15 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._queue)
+            return self._depth()
 
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, *, low_priority: bool = False) -> None:
         with self._cond:
-            self._add(key)
+            self._add(key, low_priority)
 
     def add_after(self, key: K, delay: float) -> None:
         with self._cond:
@@ -136,13 +146,13 @@ class WorkQueue(Generic[K]):
                 self._promote_due(now)
                 if self._shutting_down:
                     return None
-                if self._queue:
-                    key = self._queue.popleft()
+                key = self._pop()
+                if key is not None:
                     self._dirty.discard(key)
                     self._processing[key] = now
                     if self._metrics:
                         self._metrics.waited(now - self._added_at.pop(key, now))
-                        self._metrics.depth(len(self._queue))
+                        self._metrics.depth(self._depth())
                     else:
                         self._added_at.pop(key, None)
                     return key
@@ -160,10 +170,8 @@ class WorkQueue(Generic[K]):
             if started is not None and self._metrics:
                 self._metrics.worked(self._clock() - started)
             if key in self._dirty and not self._shutting_down:
-                self._queue.append(key)
-                if self._metrics:
-                    self._metrics.depth(len(self._queue))
-                self._cond.notify()
+                self._enqueue(key, key in self._low_dirty)
+            self._low_dirty.discard(key)
 
     def shutdown(self) -> None:
         with self._cond:
@@ -176,19 +184,48 @@ class WorkQueue(Generic[K]):
             now = self._clock()
             return [now - started for started in self._processing.values()]
 
-    def _add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+    def _add(self, key: K, low_priority: bool = False) -> None:
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if not low_priority:
+                self._low_dirty.discard(key)
+                if self._low_queued.pop(key, None) is not None:
+                    self._enqueue(key, False)
             return
         self._dirty.add(key)
         self._added_at[key] = self._clock()
         if self._metrics:
             self._metrics.added()
         if key in self._processing:
+            if low_priority:
+                self._low_dirty.add(key)
             return
-        self._queue.append(key)
+        self._enqueue(key, low_priority)
+
+    def _enqueue(self, key: K, low_priority: bool) -> None:
+        if low_priority:
+            entry = next(self._sequence)
+            self._low.append((key, entry))
+            self._low_queued[key] = entry
+        else:
+            self._queue.append(key)
         if self._metrics:
-            self._metrics.depth(len(self._queue))
+            self._metrics.depth(self._depth())
         self._cond.notify()
+
+    def _pop(self) -> K | None:
+        if self._queue:
+            return self._queue.popleft()
+        while self._low:
+            key, entry = self._low.popleft()
+            if self._low_queued.get(key) == entry:
+                del self._low_queued[key]
+                return key
+        return None
+
+    def _depth(self) -> int:
+        return len(self._queue) + len(self._low_queued)
 
     def _promote_due(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:

@@ -256,3 +256,51 @@ def test_shutdown_finishes_in_flight_reconciles(kube: Kube, namespace: str) -> N
     assert holder[0].finished == [key], "the in-flight reconcile ran to completion"
     threads = [r._thread for r in manager.reflectors]
     assert all(t is not None and not t.is_alive() for t in threads), "watches are stopped"
+
+
+class Paced(Recording):
+    """Takes a tenth of a second per reconcile, so a resync wave stays queued a while."""
+
+    def reconcile(self, key: StackKey) -> ReconcileResult:
+        time.sleep(0.1)
+        return super().reconcile(key)
+
+
+def test_a_change_overtakes_a_resync_wave(kube: Kube, namespace: str) -> None:
+    settings = load_settings(
+        namespaces=namespace, metrics_addr="0", health_addr="0", workers=1, resync_period="12s"
+    )
+    holder: list[Paced] = []
+
+    def factory(*args: Any) -> Paced:
+        holder.append(Paced(args[1], args[4]))
+        return holder[0]
+
+    manager = build_manager(kube, settings, Metrics(CONTROLLER_NAME), factory)
+    thread = threading.Thread(target=manager.run)
+    thread.start()
+    try:
+        wait_until(manager.synced, timeout=30, what="caches to sync")
+        names = [f"s{index:02d}" for index in range(60)]
+        for name in names:
+            kube.create(STACKS, stack(name), namespace)
+        recording = holder[0]
+        wait_until(
+            lambda: all(recording.count(StackKey(namespace, n)) >= 1 for n in names),
+            timeout=120,
+            what="every Stack reconciled once",
+        )
+        # Mid-wave: the resync queued every Stack, some are done, many wait.
+        wait_until(lambda: 20 <= len(manager.queue) <= 40, timeout=60, what="a resync wave")
+        with recording.lock:
+            edited, seen = recording.keys[-1], len(recording.keys)
+        waiting = len(manager.queue)
+        kube.merge_patch(STACKS, edited.name, {"spec": {"branch": "edited"}}, namespace)
+        wait_until(lambda: edited in recording.keys[seen:], timeout=60, what="the edit's reconcile")
+        with recording.lock:
+            before_edit = recording.keys[seen:].index(edited)
+        # Queued behind the wave (first in, first out) it would come after every key waiting.
+        assert before_edit < waiting // 2, (before_edit, waiting)
+    finally:
+        manager.stop()
+        thread.join(60)
