@@ -14,8 +14,9 @@ released, endpoints close.
 
 Resync (every ``resync_period``): every cached object goes through its watch's map function
 again, as an informer's resync delivers every object to its handlers; the queue coalesces.
-Resynced keys are queued at low priority (behind any change that arrives meanwhile), and a
-watch may opt out (``Watch.resync``) when another watch's resync covers its keys.
+Resynced keys, like those of the start-up lists, are queued at low priority (behind any change
+that arrives meanwhile), and a watch may opt out (``Watch.resync``) when another watch's
+resync covers its keys.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class Manager:
                         metrics=self.metrics,
                         read_timeout=read_timeout,
                         transform=watch.transform,
+                        on_initial_list=enqueue_keys(watch.to_keys, queue.add_low_priority),
                     )
                 )
         election = options.leader_election
@@ -251,7 +253,7 @@ class Manager:
                 for obj in watch.store.list_objects():
                     keys.update(watch.to_keys(obj))
         for key in keys:
-            self.queue.add(key, low_priority=True)
+            self.queue.add_low_priority(key)
         log.info("resync: queued %d keys", len(keys))
 
     def _shutdown(self, started: list[str], renew_stop: threading.Event) -> None:

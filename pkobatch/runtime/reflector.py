@@ -19,7 +19,10 @@ cache ``TransformFunc``; by default ``store.slim``): a controller caches only wh
 Listed objects are transformed page by page.
 
 ``on_change(old, new)`` runs on the reflector's thread for every change (``new`` is None on
-delete); it must only map and enqueue keys, never do work.
+delete); it must only map and enqueue keys, never do work. The first list's changes (the
+whole cache at start-up) go to ``on_initial_list`` instead when one is given, so they can be
+queued behind changes that arrive meanwhile (controller-runtime's priority queue does the
+same); a later relist reports changes that were missed, to ``on_change``.
 """
 
 from __future__ import annotations
@@ -77,11 +80,13 @@ class Reflector:
         read_timeout: float = 90.0,
         backoff: tuple[float, float] = (0.8, 30.0),
         transform: Transform = slim,
+        on_initial_list: OnChange | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
         self._store = store
         self._on_change = on_change
+        self._on_initial_list = on_initial_list or on_change
         self._namespace = namespace or None
         self._label_selector = label_selector or None
         self._metrics = metrics
@@ -176,12 +181,13 @@ class Reflector:
         )
         changed, deleted = self._store.replace(items, namespace=self._namespace)
         self.resource_version = resource_version
+        report = self._on_change if self.synced.is_set() else self._on_initial_list
         self.lists += 1
         log.debug("%s: listed %d objects at %s", self.name, len(items), resource_version)
         for old, new in changed:
-            self._on_change(old, new)
+            report(old, new)
         for gone in deleted:
-            self._on_change(gone, None)
+            report(gone, None)
         self.synced.set()
 
     def _watch(self) -> int:

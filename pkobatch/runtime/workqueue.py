@@ -6,7 +6,7 @@
 - ``add_after(key, delay)`` keeps only the earliest pending time per key; due keys are moved
   into the queue by whichever thread looks next (no timer thread).
 - ``add_rate_limited(key)`` delays by the key's exponential backoff; ``forget(key)`` resets it.
-- ``add(key, low_priority=True)`` (controller-runtime's priority queue, for a resync) puts the
+- ``add_low_priority(key)`` (controller-runtime's priority queue, for a resync) puts the
   key behind every key added normally: a periodic resync of 10,000 Stacks must not make an
   edit wait for 10,000 reconciles. Adding a waiting low-priority key normally moves it up;
   adding a waiting normal key at low priority changes nothing.
@@ -107,9 +107,13 @@ class WorkQueue(Generic[K]):
     def shutting_down(self) -> bool:
         return self._shutting_down
 
-    def add(self, key: K, *, low_priority: bool = False) -> None:
+    def add(self, key: K) -> None:
         with self._cond:
-            self._add(key, low_priority)
+            self._add(key)
+
+    def add_low_priority(self, key: K) -> None:
+        with self._cond:
+            self._add(key, low_priority=True)
 
     def add_after(self, key: K, delay: float) -> None:
         with self._cond:

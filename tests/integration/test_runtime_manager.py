@@ -266,9 +266,20 @@ class Paced(Recording):
         return super().reconcile(key)
 
 
-def test_a_change_overtakes_a_resync_wave(kube: Kube, namespace: str) -> None:
+@pytest.mark.parametrize("wave", ["start-up list", "resync"])
+def test_a_change_overtakes_a_wave_of_every_stack(kube: Kube, namespace: str, wave: str) -> None:
+    """A Stack edited while every Stack waits in the queue — the start-up list's or a
+    resync's wave — is reconciled next, not after the wave."""
+    names = [f"s{index:02d}" for index in range(60)]
+    if wave == "start-up list":
+        for name in names:
+            kube.create(STACKS, stack(name), namespace)
     settings = load_settings(
-        namespaces=namespace, metrics_addr="0", health_addr="0", workers=1, resync_period="12s"
+        namespaces=namespace,
+        metrics_addr="0",
+        health_addr="0",
+        workers=1,
+        resync_period="12s" if wave == "resync" else "10h",
     )
     holder: list[Paced] = []
 
@@ -281,17 +292,17 @@ def test_a_change_overtakes_a_resync_wave(kube: Kube, namespace: str) -> None:
     thread.start()
     try:
         wait_until(manager.synced, timeout=30, what="caches to sync")
-        names = [f"s{index:02d}" for index in range(60)]
-        for name in names:
-            kube.create(STACKS, stack(name), namespace)
         recording = holder[0]
-        wait_until(
-            lambda: all(recording.count(StackKey(namespace, n)) >= 1 for n in names),
-            timeout=120,
-            what="every Stack reconciled once",
-        )
-        # Mid-wave: the resync queued every Stack, some are done, many wait.
-        wait_until(lambda: 20 <= len(manager.queue) <= 40, timeout=60, what="a resync wave")
+        if wave == "resync":
+            for name in names:
+                kube.create(STACKS, stack(name), namespace)
+            wait_until(
+                lambda: all(recording.count(StackKey(namespace, n)) >= 1 for n in names),
+                timeout=120,
+                what="every Stack reconciled once",
+            )
+        # Mid-wave: some Stacks are done, many wait.
+        wait_until(lambda: 20 <= len(manager.queue) <= 40, timeout=60, what=f"the {wave} wave")
         with recording.lock:
             edited, seen = recording.keys[-1], len(recording.keys)
         waiting = len(manager.queue)

@@ -230,6 +230,25 @@ def test_error_410_during_watch_relists_and_reports_what_changed(
         r.stop()
 
 
+def test_the_first_lists_changes_go_to_on_initial_list_a_relists_to_on_change(
+    serve: Callable[[FakeApi], Kube],
+) -> None:
+    api = FakeApi(
+        lists=[([stack("a", "5"), stack("b", "6")], "10"), ([stack("a", "30")], "31")],
+        watches=[Watch(events=[event("ADDED", stack("c", "11")), expired()]), Watch(stall=True)],
+    )
+    initial, later = Recorder(), Recorder()
+    r = reflector(serve(api), Store(), later, on_initial_list=initial)
+    r.start()
+    try:
+        wait_for(lambda: r.lists == 2 and len(api.watch_versions()) == 2)
+        assert initial.changes == [(None, "a@5"), (None, "b@6")]
+        # Watch events, and what a relist finds changed or gone, are changes as they come.
+        assert later.changes == [(None, "c@11"), ("a@5", "a@30"), ("b@6", None), ("c@11", None)]
+    finally:
+        r.stop()
+
+
 def test_watch_answered_with_410_relists(serve: Callable[[FakeApi], Kube]) -> None:
     api = FakeApi(
         lists=[([stack("a", "5")], "10"), ([stack("a", "5")], "40")],

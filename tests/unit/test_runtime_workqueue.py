@@ -211,9 +211,9 @@ def test_metrics_hooks_see_adds_depth_latency_and_work() -> None:
 def test_low_priority_keys_wait_behind_every_normal_key_in_their_own_order() -> None:
     queue: WorkQueue[str] = WorkQueue(clock=FakeClock())
     for key in ["r1", "r2", "r3"]:
-        queue.add(key, low_priority=True)  # a resync
+        queue.add_low_priority(key)  # a resync
     queue.add("edit")
-    queue.add("r1", low_priority=True)  # coalesces, keeps its place
+    queue.add_low_priority("r1")  # coalesces, keeps its place
     assert len(queue) == 4
     assert queue.get(timeout=0) == "edit"
     queue.add("later-edit")
@@ -224,10 +224,10 @@ def test_low_priority_keys_wait_behind_every_normal_key_in_their_own_order() -> 
 def test_a_normal_add_moves_a_waiting_low_priority_key_up_once() -> None:
     queue: WorkQueue[str] = WorkQueue(clock=FakeClock())
     for key in ["r1", "r2", "r3"]:
-        queue.add(key, low_priority=True)
+        queue.add_low_priority(key)
     queue.add("r3")  # the Stack changed while its resync waited
     queue.add("r2")
-    queue.add("r3", low_priority=True)  # a resync again changes nothing
+    queue.add_low_priority("r3")  # a resync again changes nothing
     assert len(queue) == 3
     assert drain(queue) == ["r3", "r2", "r1"]  # and no stale second r2/r3
     for key in ["r1", "r2", "r3"]:
@@ -240,7 +240,7 @@ def test_a_key_processing_comes_back_at_the_priority_it_was_added_with() -> None
     queue.add("a")
     queue.add("b")
     assert queue.get(timeout=0) == "a"
-    queue.add("a", low_priority=True)  # resynced while processing
+    queue.add_low_priority("a")  # resynced while processing
     queue.done("a")
     assert drain(queue) == ["b", "a"]
     queue.done("a")
@@ -248,8 +248,8 @@ def test_a_key_processing_comes_back_at_the_priority_it_was_added_with() -> None
     assert queue.get(timeout=0) is None
     queue.add("a")
     assert queue.get(timeout=0) == "a"
-    queue.add("a", low_priority=True)
+    queue.add_low_priority("a")
     queue.add("a")  # then changed: normal priority wins
-    queue.add("c", low_priority=True)
+    queue.add_low_priority("c")
     queue.done("a")
     assert drain(queue) == ["a", "c"]
