@@ -15,14 +15,16 @@ it), which needs the Job's UID; the pod waits for them. They are created again a
 Status is written only when it changed, as a JSON merge patch of the difference on the
 status subresource, with field manager ``pkobatch-controller`` and the observed
 ``resourceVersion`` as a precondition: a write computed from a stale cache fails with a
-conflict instead of overwriting newer status (the reconcile is then retried).
+conflict instead of overwriting newer status (the reconcile is then retried). Each Stack
+version a write replaces is reported to ``on_stack_written`` (the reconciler then waits for
+its cache to show the new one: ``reconcile.OwnWrites``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -86,10 +88,23 @@ def merge_patch(old: Any, new: Any) -> Any:
 NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 
 
+StackWritten = Callable[[str, str, str], None]
+"""Called with (namespace, name, the resourceVersion the write replaced)."""
+
+
 class Actor:
-    def __init__(self, kube: Kube, events: EventRecorder) -> None:
+    def __init__(
+        self, kube: Kube, events: EventRecorder, on_stack_written: StackWritten | None = None
+    ) -> None:
         self._kube = kube
         self._events = events
+        self._on_stack_written = on_stack_written
+
+    def _replaced(self, namespace: str, name: str, old_version: str, updated: JSON) -> str:
+        """Report that ``old_version`` of the Stack was replaced; the version written."""
+        if self._on_stack_written is not None:
+            self._on_stack_written(namespace, name, old_version)
+        return str(updated["metadata"]["resourceVersion"])
 
     def create_job(self, job: JSON, inputs: Sequence[JSON] = ()) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -178,11 +193,11 @@ class Actor:
                 namespace,
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
-            resource_version = str(updated["metadata"]["resourceVersion"])
+            resource_version = self._replaced(namespace, name, resource_version, updated)
         if plan.status is not None:
             patch = merge_patch(stack.get("status") or {}, plan.status)
             if patch:
-                self._kube.merge_patch(
+                updated = self._kube.merge_patch(
                     STACKS,
                     name,
                     {"metadata": {"resourceVersion": resource_version}, "status": patch},
@@ -190,6 +205,7 @@ class Actor:
                     subresource="status",
                     field_manager=FIELD_MANAGER_CONTROLLER,
                 )
+                resource_version = self._replaced(namespace, name, resource_version, updated)
         for deletion in plan.delete_jobs:
             with contextlib.suppress(NotFound):
                 self._kube.delete(
@@ -204,7 +220,7 @@ class Actor:
                 self._kube.delete(CONFIGMAPS, result_name, namespace)
         if plan.finalizer == "remove":
             finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
-            self._kube.merge_patch(
+            updated = self._kube.merge_patch(
                 STACKS,
                 name,
                 {
@@ -216,6 +232,7 @@ class Actor:
                 namespace,
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
+            self._replaced(namespace, name, resource_version, updated)
         for event in plan.events:
             self._events.post(stack, event.type, event.reason, event.message)
         for other, value in plan.prerequisite_requests.items():

@@ -11,6 +11,8 @@ Shared state lives here, never in ``plan``:
   freed slot wakes the first waiters at once.
 - ``Dependents``: which Stacks list a Stack as prerequisite, so a prerequisite's success
   wakes them at once instead of at their next recheck.
+- ``OwnWrites``: the Stack versions this controller's own writes replaced, so a reconcile
+  never starts from a cached Stack its previous reconcile already changed.
 - ``GitPoller``: branch heads (see ``polling``).
 """
 
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 CONFLICT_RETRY: Final = 1.0
 # A created Job counts against the cap until the store shows it (or this long has passed).
 RESERVATION_SECONDS: Final = 60.0
+# How long a reconcile waits for the cache to show this controller's own Stack write.
+OWN_WRITE_SECONDS: Final = 30.0
 
 
 class StaleStack(Exception):
@@ -174,6 +178,48 @@ class Dependents:
             return sorted(self._of.get(key, set()))
 
 
+class OwnWrites:
+    """The resourceVersions of each Stack that this controller's own writes replaced, until
+    the cache shows a newer one (client-go's ``ControllerExpectations``, for the controller's
+    own writes).
+
+    A reconcile's writes wake the Stack again (the Job's watch event may arrive while they
+    are still being made), and the next reconcile may find the cache still showing the Stack
+    from before them. Whatever it decided from that version would be refused by the status
+    precondition (a wasted write, and a retry a second later) or repeat what was just done.
+    So it does nothing: the watch event of the written version queues the Stack again (a
+    watch that breaks lists again, which queues every changed Stack). After
+    ``OWN_WRITE_SECONDS`` without that event the reconcile goes ahead as if none were awaited.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._replaced: dict[StackKey, tuple[set[str], float]] = {}
+
+    def record(self, key: StackKey, replaced_version: str) -> None:
+        with self._lock:
+            versions, _ = self._replaced.get(key, (set(), 0.0))
+            versions.add(replaced_version)
+            self._replaced[key] = (versions, self._clock())
+
+    def behind(self, key: StackKey, cached_version: str) -> bool:
+        """Is ``cached_version`` one that this controller's writes have replaced?"""
+        with self._lock:
+            entry = self._replaced.get(key)
+            if entry is None:
+                return False
+            versions, written_at = entry
+            if cached_version in versions and self._clock() - written_at < OWN_WRITE_SECONDS:
+                return True
+            del self._replaced[key]  # the cache caught up (or the wait is over)
+            return False
+
+    def forget(self, key: StackKey) -> None:
+        with self._lock:
+            self._replaced.pop(key, None)
+
+
 class StackReconciler:
     def __init__(
         self,
@@ -205,7 +251,14 @@ class StackReconciler:
         self._observer = Observer(kube, stores, self.poller, settings, self._template)
         # Events have their own rate limit and sender thread (``controller.events``).
         self._events = EventRecorder(kube.with_own_rate_limit(), on_dropped=metrics.events_dropped)
-        self._actor = Actor(kube, self._events)
+        self.own_writes = OwnWrites()
+        self._actor = Actor(
+            kube,
+            self._events,
+            lambda namespace, name, version: self.own_writes.record(
+                StackKey(namespace, name), version
+            ),
+        )
         self.notifier = Notifier(
             kube,
             settings.notifications,
@@ -249,8 +302,14 @@ class StackReconciler:
 
     def reconcile(self, key: StackKey) -> ReconcileResult:
         self._seed()
+        cached = self._stores.stacks.get(key.namespace, key.name)
+        version = str(((cached or {}).get("metadata") or {}).get("resourceVersion") or "")
+        if cached is not None and self.own_writes.behind(key, version):
+            log.debug("stack %s: the cache does not show this controller's write yet", key)
+            return ReconcileResult()
         observed = self._observer.observe(key, self._clock())
         if observed is None:
+            self.own_writes.forget(key)
             self.admission.forget(key)
             self.dependents.record(key, [])
             return ReconcileResult()

@@ -1,0 +1,169 @@
+"""A reconcile never starts from a cached Stack that the controller's own previous reconcile
+already replaced (``reconcile.OwnWrites``): it waits for the watch to bring the written
+version instead of deciding again from the old one (API calls answered by a stand-in)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from pkobatch.api.constants import FINALIZER
+from pkobatch.config import Settings
+from pkobatch.controller.cache import cache_job, cache_stack
+from pkobatch.controller.reconcile import (
+    CONFLICT_RETRY,
+    OWN_WRITE_SECONDS,
+    OwnWrites,
+    StackReconciler,
+)
+from pkobatch.controller.stack_metrics import StackMetrics
+from pkobatch.controller.stores import StackKey, Stores
+from pkobatch.kube.client import Conflict, NotFound, Resource
+
+KEY = StackKey("team", "app")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_replaced_version_is_behind_until_the_cache_shows_another() -> None:
+    clock = Clock()
+    writes = OwnWrites(clock)
+    assert not writes.behind(KEY, "5")
+    writes.record(KEY, "5")  # e.g. the finalizer write: 5 -> 6
+    writes.record(KEY, "6")  # then the status write: 6 -> 7
+    assert writes.behind(KEY, "5") and writes.behind(KEY, "6")
+    assert not writes.behind(StackKey("team", "other"), "5")
+    assert not writes.behind(KEY, "7")  # the cache caught up: nothing awaited any more
+    assert not writes.behind(KEY, "6")
+
+
+def test_a_write_whose_version_never_shows_is_awaited_only_for_a_while() -> None:
+    clock = Clock()
+    writes = OwnWrites(clock)
+    writes.record(KEY, "5")
+    clock.now += OWN_WRITE_SECONDS - 1
+    assert writes.behind(KEY, "5")
+    clock.now += 2
+    assert not writes.behind(KEY, "5")
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """RFC 7386: ``patch`` applied to ``target``."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged(result.get(key), value)
+    return result
+
+
+class ApiServer:
+    """The Stack as the API server has it; Jobs and Events created, Stack patches applied."""
+
+    def __init__(self, stack: dict[str, Any]) -> None:
+        self.stack = stack
+        self.requests: list[str] = []
+        self.jobs: list[dict[str, Any]] = []
+
+    def with_own_rate_limit(self) -> ApiServer:
+        return self
+
+    def get(self, resource: Resource, name: str, namespace: str | None = None) -> Any:
+        self.requests.append(f"GET {resource.plural}/{name}")
+        for job in self.jobs:
+            if resource.plural == "jobs" and job["metadata"]["name"] == name:
+                return job
+        raise NotFound(404, "NotFound", name)
+
+    def list_objects(self, *_: Any, **__: Any) -> tuple[list[Any], str]:
+        return [], "1"
+
+    def create(self, resource: Resource, body: Any, namespace: str | None = None) -> Any:
+        self.requests.append(f"POST {resource.plural}")
+        created = copy.deepcopy(body)
+        created["metadata"].update(uid=f"uid-{len(self.jobs)}", resourceVersion="50")
+        created["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        if resource.plural == "jobs":
+            self.jobs.append(created)
+        return created
+
+    def merge_patch(self, resource: Resource, name: str, patch: Any, *_: Any, **__: Any) -> Any:
+        what = "/status" if "status" in patch else ""
+        self.requests.append(f"PATCH {resource.plural}{what}")
+        meta = self.stack["metadata"]
+        if patch["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        self.stack = merged(self.stack, {k: v for k, v in patch.items() if k != "metadata"})
+        if "finalizers" in patch["metadata"]:
+            self.stack["metadata"]["finalizers"] = patch["metadata"]["finalizers"]
+        self.stack["metadata"]["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return copy.deepcopy(self.stack)
+
+
+class Enqueuer:
+    def enqueue(self, key: StackKey, after: float | None = None) -> None:
+        pass
+
+
+def reconciler_on(api: ApiServer, stores: Stores) -> StackReconciler:
+    return StackReconciler(
+        api,  # type: ignore[arg-type]
+        stores,
+        Settings(),
+        StackMetrics(CollectorRegistry()),
+        Enqueuer(),
+    )
+
+
+def test_a_reconcile_that_finds_its_own_write_not_yet_cached_waits_for_it() -> None:
+    created = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {
+            "name": "app",
+            "namespace": "team",
+            "uid": "stack-uid",
+            "resourceVersion": "5",
+            "generation": 1,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"stack": "dev"},
+    }
+    api = ApiServer(copy.deepcopy(created))
+    stores = Stores.empty()
+    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    reconciler = reconciler_on(api, stores)
+    reconciler.reconcile(KEY)
+    assert api.requests == ["POST jobs", "PATCH stacks", "PATCH stacks/status"]
+    assert FINALIZER in api.stack["metadata"]["finalizers"]
+
+    # The Job's watch event woke the Stack; the cache still has it as created.
+    stores.jobs.upsert(cache_job(copy.deepcopy(api.jobs[0])))
+    api.requests.clear()
+    reconciler.reconcile(KEY)
+    assert api.requests == []
+
+    # The written version arrives: the reconcile goes ahead and finds nothing to do.
+    stores.stacks.upsert(cache_stack(copy.deepcopy(api.stack)))
+    reconciler.reconcile(KEY)
+    assert api.requests == []
+    assert api.stack["status"]["currentUpdate"]["name"] == api.jobs[0]["metadata"]["name"]
+
+    # A reconciler that did not make the write decides again from the old version: its
+    # write is refused by the precondition, and it retries a second later.
+    stale = Stores.empty()
+    stale.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    stale.jobs.upsert(cache_job(copy.deepcopy(api.jobs[0])))
+    assert reconciler_on(api, stale).reconcile(KEY).requeue_after == CONFLICT_RETRY
+    assert api.requests == ["PATCH stacks"]
