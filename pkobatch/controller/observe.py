@@ -22,6 +22,11 @@ When the current Job still has no pod some seconds after its creation
 only in a ``FailedCreate`` Event on the Job, so the observer lists those Events for that
 one Job (field selector on the Job's UID and the reason): one small ``list`` per Stack whose
 Job is stuck, none for Jobs whose pod exists — no watch of all Events.
+
+Whether the Stack's Job may be created at all (``plan.run_refusal``: it builds a probe Job)
+depends only on the spec, the settings and the template, so it is kept per Stack for its
+UID and ``metadata.generation`` (the API server raises the generation on every spec change)
+and asked again only when they change: a Stack is reconciled several times per run.
 """
 
 from __future__ import annotations
@@ -118,12 +123,15 @@ class Observer:
         self._poller = poller
         self._settings = settings
         self._template = template
+        # StackKey -> (uid, generation, answer) of the last run check (``_run_check``).
+        self._run_checks: dict[StackKey, tuple[str, int, RunCheck | None]] = {}
 
     def observe(self, key: StackKey, now: datetime) -> Observed | None:
         """What ``plan`` needs about ``key``; None when the Stack does not exist."""
         stack = self._stores.stacks.get(key.namespace, key.name)
         if stack is None:
             self._poller.forget(key)
+            self._run_checks.pop(key, None)
             return None
         meta = stack.get("metadata") or {}
         uid = str(meta.get("uid") or "")
@@ -157,7 +165,7 @@ class Observer:
             run_pods[current] = self._pods_of(job)
 
         source = None
-        run_check = self._run_check(stack)
+        run_check = self._run_check(key, stack)
         may_poll = run_check is not None and run_check.refusal is None
         polled = poll_key(key.namespace, spec) if may_poll else None
         if polled is None:
@@ -220,14 +228,21 @@ class Observer:
             watched=watches.synced(api_version, kind),
         )
 
-    def _run_check(self, stack: Mapping[str, Any]) -> RunCheck | None:
+    def _run_check(self, key: StackKey, stack: Mapping[str, Any]) -> RunCheck | None:
         """Whether the Stack's Job may be created (None: its spec is invalid). Only a Stack
         that could run gets its branch polled (with its git credentials)."""
         meta = stack.get("metadata") or {}
+        uid, generation = str(meta.get("uid") or ""), int(meta.get("generation") or 0)
+        known = self._run_checks.get(key)
+        if generation and known is not None and known[:2] == (uid, generation):
+            return known[2]
+        answer = None
         check = load_stack_spec(stack.get("spec") or {}, str(meta.get("namespace")))
-        if check.spec is None or not check.valid:
-            return None
-        return RunCheck(run_refusal(stack, check.spec, self._settings, self._template))
+        if check.spec is not None and check.valid:
+            answer = RunCheck(run_refusal(stack, check.spec, self._settings, self._template))
+        if generation:
+            self._run_checks[key] = (uid, generation, answer)
+        return answer
 
     def _failed_create(self, job: Mapping[str, Any]) -> str:
         """The latest FailedCreate message the Job controller recorded on ``job`` ("": none)."""

@@ -583,6 +583,51 @@ def test_observe_hands_its_run_check_to_plan(
     assert bool(poller.asked) == polled
 
 
+def test_observe_checks_whether_a_stack_may_run_again_only_when_its_spec_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pkobatch.controller import observe
+    from pkobatch.controller.stores import Stores
+
+    probed: list[str] = []
+
+    def run_refusal(stack: Any, *_: Any) -> str | None:
+        probed.append(f"{stack['metadata']['uid']}@{stack['metadata']['generation']}")
+        return "hostPID" if stack["spec"].get("jobTemplate") else None
+
+    monkeypatch.setattr(observe, "run_refusal", run_refusal)
+    stores = Stores.empty()
+    observer = observe.Observer(
+        LiveReads({}),  # type: ignore[arg-type]
+        stores,
+        FreshnessRecorder(),
+        Settings(),
+        builtin_template(),
+    )
+
+    def seen(uid: str, generation: int, status: str, **spec: Any) -> str | None:
+        meta = {"name": "app", "namespace": "ns", "uid": uid, "generation": generation}
+        stores.stacks.upsert(
+            {
+                "apiVersion": "pulumi.com/v1",
+                "kind": "Stack",
+                "metadata": meta,
+                "spec": {"stack": "dev", **spec},
+                "status": {"outputs": {"version": status}},
+            }
+        )
+        observed = observer.observe(StackKey("ns", "app"), datetime.now(UTC))
+        assert observed is not None and observed.run_check is not None
+        return observed.run_check.refusal
+
+    assert seen("u1", 1, "a") is None
+    assert seen("u1", 1, "b") is None  # only its status changed
+    assert seen("u1", 2, "b", jobTemplate={"spec": {"hostPID": True}}) == "hostPID"
+    assert seen("u1", 2, "c", jobTemplate={"spec": {"hostPID": True}}) == "hostPID"
+    assert seen("u2", 2, "c") is None  # another Stack of the same name
+    assert probed == ["u1@1", "u1@2", "u2@2"]
+
+
 def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan() -> None:
     from pkobatch.controller.observe import Observer
     from pkobatch.controller.stores import Stores
