@@ -53,7 +53,8 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from functools import cache
 from importlib import resources
 from typing import Any, Final, Literal
@@ -185,7 +186,9 @@ class Run:
     plan_secret: str = ""
 
     def to_annotation(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        # Every field is a str or an int: no need for asdict's deep copy.
+        fields = {field.name: getattr(self, field.name) for field in dataclass_fields(self)}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_job(cls, job: Mapping[str, Any]) -> Run | None:
@@ -707,11 +710,6 @@ def build_run(
         settings.termination_grace_period.total_seconds()
     )
     _check_service_account(spec)
-    level = settings.pod_security_level
-    # What the controller's own template already breaks is the operator's to fix.
-    template_fields = {
-        v.field for v in check_pod(pod_template.get("metadata") or {}, pod_spec, level)
-    }
 
     if workspace is not None and workspace.pod_template:
         patched = merge_named(pod_template, workspace.pod_template)
@@ -790,7 +788,7 @@ def build_run(
         },
     ]
     _replace_container(pod_template["spec"], runner)
-    _check_pod_security(pod_template, level, template_fields)
+    _check_pod_security(pod_template, settings.pod_security_level, template)
     return RunObjects(job, tuple(inputs))
 
 
@@ -876,10 +874,20 @@ def _check_service_account(spec: StackSpec) -> None:
             )
 
 
-def _check_pod_security(pod_template: JSON, level: Level, template_fields: set[str]) -> None:
+def _check_pod_security(pod_template: JSON, level: Level, template: Mapping[str, Any]) -> None:
     violations = check_pod(pod_template.get("metadata") or {}, pod_template["spec"], level)
     if not violations:
         return
+    # What the controller's own template already breaks is the operator's to fix. (The
+    # fields build_run sets before the Stack's own — image, env, resources, the
+    # ServiceAccount, the grace period — are none that Pod Security looks at.)
+    controller_pod = (template.get("spec") or {}).get("template") or {}
+    template_fields = {
+        v.field
+        for v in check_pod(
+            controller_pod.get("metadata") or {}, controller_pod.get("spec") or {}, level
+        )
+    }
     from_stack = [v for v in violations if v.field not in template_fields]
     if from_stack:
         raise JobBuildError(
