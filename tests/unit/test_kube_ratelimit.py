@@ -134,14 +134,19 @@ def kubeconfig(tmp_path: Path) -> Iterator[Path]:
     server.server_close()
 
 
-def test_every_request_of_a_client_takes_a_token_and_reports_its_wait(kubeconfig: Path) -> None:
-    clock = FakeClock()
-    waited: list[tuple[str, float]] = []
-    kube = Kube.connect(
+def limited_client(kubeconfig: Path, clock: FakeClock, waited: list[tuple[str, float]]) -> Kube:
+    """A client with a bucket of 2 at 10/s on ``clock``, its waits recorded in ``waited``."""
+    return Kube.connect(
         str(kubeconfig),
         rate_limiter=bucket(10, 2, clock),
         on_wait=lambda method, seconds: waited.append((method, seconds)),
     )
+
+
+def test_every_request_of_a_client_takes_a_token_and_reports_its_wait(kubeconfig: Path) -> None:
+    clock = FakeClock()
+    waited: list[tuple[str, float]] = []
+    kube = limited_client(kubeconfig, clock, waited)
     try:
         kube.list_objects(CONFIGMAPS, "ns")
         kube.get_or_none(CONFIGMAPS, "a", "ns")
@@ -171,11 +176,7 @@ def test_a_client_with_its_own_rate_limit_has_a_bucket_of_the_same_size_to_itsel
 ) -> None:
     clock = FakeClock()
     waited: list[tuple[str, float]] = []
-    kube = Kube.connect(
-        str(kubeconfig),
-        rate_limiter=bucket(10, 2, clock),
-        on_wait=lambda method, seconds: waited.append((method, seconds)),
-    )
+    kube = limited_client(kubeconfig, clock, waited)
     events = kube.with_own_rate_limit()
     try:
         for _ in range(3):
