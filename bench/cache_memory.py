@@ -8,14 +8,15 @@ No API server: each variant runs in a fresh process that makes the JSON the API 
 send — N Stacks (status as the controller writes it after a run), N x H Jobs (built by the
 controller's own Job builder, complete) and N x H result ConfigMaps, each with the metadata
 the API server adds (uid, resourceVersion, creationTimestamp, managedFields of the writer
-and of the status writer) — decodes it page by page (500 objects, like a list), passes every
-object through the variant's transform into the variant's stores (indexed by Stack:
-``Stores.empty()`` for the controller's, the same stores without packing for the others), and
-reports the process's resident memory before and after (what
-decoding left fragmented included, as in the controller), with ``--live`` also the live
-bytes the stores hold. This is the part of the controller's memory that grows with Stacks
-and history; ``bench/fanout.py`` measures the whole controller process on a real control
-plane.
+and of the status writer) — and fills the variant's stores (indexed by Stack:
+``Stores.empty()`` for the controller's, the same stores without packing for the others) the
+way the reflector's start-up list does: page by page (500 objects), every object through the
+variant's transform into a store entry (packed there if the store packs it), each store
+replaced with all its entries at the end, the reported changes read out one at a time. It
+reports the process's resident memory before and after (what decoding left fragmented
+included, as in the controller), with ``--live`` also the live bytes the stores hold. This
+is the part of the controller's memory that grows with Stacks and history;
+``bench/fanout.py`` measures the whole controller process on a real control plane.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def measure(variant: str, count: int, runs: int, live: bool) -> None:
     """One variant in this process: prints the cache's RSS growth in MiB."""
     from pkobatch.controller.cache import cache_job, cache_result, cache_stack
     from pkobatch.controller.stores import Stores, stack_name_of
-    from pkobatch.runtime.store import Store, slim
+    from pkobatch.runtime.store import Entry, Store, slim
 
     transforms: dict[str, tuple[Callable[[JSON], JSON], ...]] = {
         "controller": (cache_stack, cache_job, cache_result),
@@ -234,6 +235,7 @@ def measure(variant: str, count: int, runs: int, live: bool) -> None:
         tracemalloc.start()
     before = rss_mib()
     batch = 100
+    listed: dict[str, list[Entry]] = {"stacks": [], "jobs": [], "results": []}
     for first in range(0, count, batch):
         stacks, jobs, results = [], [], []
         for index in range(first, min(count, first + batch)):
@@ -242,15 +244,25 @@ def measure(variant: str, count: int, runs: int, live: bool) -> None:
             for job, result in history(stack_obj, runs):
                 jobs.append(job)
                 results.append(result)
-        for objects, store, transform in (
-            (stacks, stores.stacks, to_stack),
-            (jobs, stores.jobs, to_job),
-            (results, stores.configmaps, to_result),
+        for kind, objects, store, transform in (
+            ("stacks", stacks, stores.stacks, to_stack),
+            ("jobs", jobs, stores.jobs, to_job),
+            ("results", results, stores.configmaps, to_result),
         ):
+            # As the reflector lists: each item transformed (and packed) as its page
+            # arrives, the store replaced once the list is complete.
             for page in list(pages(objects)):
                 for item in json.loads(page)["items"]:
-                    store.upsert(transform(item))
+                    listed[kind].append(store.entry(transform(item)))
         del stacks, jobs, results
+    for kind, store in (
+        ("stacks", stores.stacks),
+        ("jobs", stores.jobs),
+        ("results", stores.configmaps),
+    ):
+        changed, _ = store.replace(listed.pop(kind))
+        for _, new in changed:  # what the reflector reports, one object at a time
+            stack_name_of(new)
     gc.collect()
     after = rss_mib()
     held = tracemalloc.get_traced_memory()[0] if live else 0

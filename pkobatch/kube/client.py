@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -43,6 +43,8 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 JSON_PATCH: Final = "application/json-patch+json"
 DEFAULT_TIMEOUT: Final = (10.0, 60.0)
+Item = TypeVar("Item")
+"""What a list's ``transform`` makes of each object."""
 
 
 @dataclass(frozen=True)
@@ -483,6 +485,7 @@ class Kube:
         except NotFound:
             return None
 
+    @overload
     def list_objects(
         self,
         res: Resource,
@@ -491,13 +494,35 @@ class Kube:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
-        transform: Callable[[JSON], JSON] | None = None,
-    ) -> tuple[list[JSON], str]:
+    ) -> tuple[list[JSON], str]: ...
+
+    @overload
+    def list_objects(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        transform: Callable[[JSON], Item],
+    ) -> tuple[list[Item], str]: ...
+
+    def list_objects(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        transform: Callable[[JSON], Any] | None = None,
+    ) -> tuple[list[Any], str]:
         """All items (following ``continue`` tokens) and the list's resourceVersion.
 
         ``transform`` is applied to each item as its page arrives, so a cache that keeps
-        part of each object never holds every whole object at once."""
-        items: list[JSON] = []
+        part of each object (or keeps it packed) never holds every whole object at once."""
+        items: list[Any] = []
         token: str | None = None
         while True:
             page = self.request(

@@ -16,7 +16,7 @@ The loop, and why each step is there:
 
 Every object is passed through ``transform`` before it is stored (controller-runtime's
 cache ``TransformFunc``; by default ``store.slim``): a controller caches only what it reads.
-Listed objects are transformed page by page.
+Listed objects are transformed, and packed when the store packs them, page by page.
 
 ``on_change(old, new)`` runs on the reflector's thread for every change (``new`` is None on
 delete); it must only map and enqueue keys, never do work. The first list's changes (the
@@ -173,17 +173,17 @@ class Reflector:
             self._metrics.watch_restarted(self.name, reason)
 
     def _list(self) -> None:
-        items, resource_version = self._kube.list_objects(
+        entries, resource_version = self._kube.list_objects(
             self._resource,
             self._namespace,
             label_selector=self._label_selector,
-            transform=self._transform,
+            transform=lambda obj: self._store.entry(self._transform(obj)),
         )
-        changed, deleted = self._store.replace(items, namespace=self._namespace)
+        changed, deleted = self._store.replace(entries, namespace=self._namespace)
         self.resource_version = resource_version
         report = self._on_change if self.synced.is_set() else self._on_initial_list
         self.lists += 1
-        log.debug("%s: listed %d objects at %s", self.name, len(items), resource_version)
+        log.debug("%s: listed %d objects at %s", self.name, len(entries), resource_version)
         for old, new in changed:
             report(old, new)
         for gone in deleted:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pkobatch.api.objects import JSON
@@ -89,6 +89,17 @@ Stored = JSON | bytes
 """An object as a store keeps it: a dict, or packed bytes."""
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """An object ready for a store: its key, its owner's key, its resource version and the
+    form the store keeps (``Store.entry``)."""
+
+    key: ObjectKey
+    owner: ObjectKey | None
+    resource_version: str
+    stored: Stored
+
+
 class Store:
     """Thread-safe map of objects, indexed by owner when ``owner_of`` is given, keeping
     the objects ``packing`` selects packed."""
@@ -129,14 +140,20 @@ class Store:
             stored = list(self._by_owner.get(ObjectKey(namespace, owner_name), {}).values())
         return [self._read(item) for item in stored]
 
+    def entry(self, obj: JSON) -> Entry:
+        """``obj`` made ready to store (packed if selected): what ``replace`` takes, so a
+        list being read page by page never holds every object unpacked at once."""
+        key = object_key(obj)
+        packing = self._packing
+        stored = packing.pack(obj) if packing is not None and packing.selects(obj) else obj
+        return Entry(key, self._owner_key(key, obj), _resource_version(obj), stored)
+
     def upsert(self, obj: JSON) -> JSON | None:
         """Store ``obj``; returns the object it replaced."""
-        key = object_key(obj)
-        stored = self._stored(obj)
+        entry = self.entry(obj)
         with self._lock:
-            old = self._forget(key)
-            self._objects[key] = stored
-            self._index(key, obj, stored)
+            old = self._forget(entry.key)
+            self._add(entry)
         return old
 
     def delete(self, obj: JSON) -> JSON | None:
@@ -145,15 +162,16 @@ class Store:
             return self._forget(object_key(obj))
 
     def replace(
-        self, objects: Iterable[JSON], namespace: str | None = None
-    ) -> tuple[list[tuple[JSON | None, JSON]], list[JSON]]:
-        """Make the store hold exactly ``objects`` (within ``namespace`` when given).
+        self, entries: Iterable[Entry], namespace: str | None = None
+    ) -> tuple[Iterator[tuple[JSON | None, JSON]], list[JSON]]:
+        """Make the store hold exactly ``entries`` (within ``namespace`` when given).
 
         Returns (changed, deleted): (old, new) pairs for objects that are new or have a new
-        resourceVersion, and the objects that disappeared.
+        resourceVersion — decoded one at a time as they are iterated — and the objects that
+        disappeared.
         """
-        fresh = {object_key(obj): (obj, self._stored(obj)) for obj in objects}
-        changed: list[tuple[JSON | None, JSON]] = []
+        fresh = {entry.key: entry for entry in entries}
+        changed: list[tuple[JSON | None, Stored]] = []
         deleted: list[JSON] = []
         with self._lock:
             scope = [k for k in self._objects if namespace is None or k.namespace == namespace]
@@ -162,20 +180,15 @@ class Store:
                     gone = self._forget(key)
                     if gone is not None:
                         deleted.append(gone)
-            for key, (obj, stored) in fresh.items():
+            for key, entry in fresh.items():
                 before = self._objects.get(key)
-                if isinstance(before, bytes) and before == stored:
+                if isinstance(before, bytes) and before == entry.stored:
                     continue  # packed alike: the same object, indexed already
                 old = self._forget(key)
-                if old is None or _resource_version(old) != _resource_version(obj):
-                    changed.append((old, obj))
-                self._objects[key] = stored
-                self._index(key, obj, stored)
-        return changed, deleted
-
-    def _stored(self, obj: JSON) -> Stored:
-        packing = self._packing
-        return packing.pack(obj) if packing is not None and packing.selects(obj) else obj
+                if old is None or _resource_version(old) != entry.resource_version:
+                    changed.append((old, entry.stored))
+                self._add(entry)
+        return ((old, self._read(new)) for old, new in changed), deleted
 
     def _read(self, stored: Stored) -> JSON:
         if isinstance(stored, dict):
@@ -187,10 +200,10 @@ class Store:
         owner_name = self._owner_of(obj) if self._owner_of else None
         return ObjectKey(key.namespace, owner_name) if owner_name else None
 
-    def _index(self, key: ObjectKey, obj: JSON, stored: Stored) -> None:
-        owner = self._owner_key(key, obj)
-        if owner is not None:
-            self._by_owner.setdefault(owner, {})[key] = stored
+    def _add(self, entry: Entry) -> None:
+        self._objects[entry.key] = entry.stored
+        if entry.owner is not None:
+            self._by_owner.setdefault(entry.owner, {})[entry.key] = entry.stored
 
     def _forget(self, key: ObjectKey) -> JSON | None:
         """Remove ``key`` and its index entry (its owner found again from the object: no

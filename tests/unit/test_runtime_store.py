@@ -36,6 +36,14 @@ def owner(name: str, *, controller: bool = True) -> dict[str, Any]:
     return {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": name, "controller": controller}
 
 
+def replace(
+    store: Store, objects: list[dict[str, Any]], namespace: str | None = None
+) -> tuple[list[tuple[dict[str, Any] | None, dict[str, Any]]], list[dict[str, Any]]]:
+    """``store.replace`` as a reflector calls it, with the changes read out."""
+    changed, deleted = store.replace([store.entry(o) for o in objects], namespace)
+    return list(changed), deleted
+
+
 def test_stack_name_prefers_annotation_then_controller_owner_then_label() -> None:
     long_name = "s" * 80
     assert stack_name_of(obj("s", kind="Stack")) == "s"
@@ -82,7 +90,7 @@ def test_replace_reports_changed_and_deleted_within_its_namespace() -> None:
     store.upsert(obj("bump", "1"))
     store.upsert(obj("gone", "1"))
     store.upsert(obj("elsewhere", "1", namespace="other"))
-    changed, deleted = store.replace([obj("keep", "1"), obj("bump", "2"), obj("new", "1")], "ns")
+    changed, deleted = replace(store, [obj("keep", "1"), obj("bump", "2"), obj("new", "1")], "ns")
     assert sorted(new["metadata"]["name"] for _, new in changed) == ["bump", "new"]
     assert [old for old, new in changed if new["metadata"]["name"] == "new"] == [None]
     assert [d["metadata"]["name"] for d in deleted] == ["gone"]
@@ -97,7 +105,7 @@ def test_replace_reports_changed_and_deleted_within_its_namespace() -> None:
 def test_replace_without_namespace_covers_everything() -> None:
     store = Store()
     store.upsert(obj("a", namespace="x"))
-    changed, deleted = store.replace([obj("b", namespace="y")])
+    changed, deleted = replace(store, [obj("b", namespace="y")])
     assert [new["metadata"]["name"] for _, new in changed] == ["b"]
     assert [d["metadata"]["name"] for d in deleted] == ["a"]
     assert store.list_keys() == [ObjectKey("y", "b")]
@@ -160,7 +168,7 @@ def test_a_relist_reports_a_packed_object_only_when_its_version_changed() -> Non
     store.upsert(finished("same"))
     store.upsert(finished("bumped"))
     store.upsert(finished("gone"))
-    changed, deleted = store.replace([finished("same"), finished("bumped", "2")])
+    changed, deleted = replace(store, [finished("same"), finished("bumped", "2")])
     assert [(old, new) for old, new in changed] == [(finished("bumped"), finished("bumped", "2"))]
     assert deleted == [finished("gone")]
     assert sorted(j["metadata"]["name"] for j in store.for_owner("ns", "a")) == ["bumped", "same"]
