@@ -189,6 +189,27 @@ def controller_relevant(counts: Counter[tuple[str, str, str]]) -> float:
     return total
 
 
+def writes_by_resource(
+    kube: Any,
+    tally: Tally,
+    server_before: Counter[tuple[str, str, str]],
+    own_before: Counter[tuple[str, str, str]],
+) -> str:
+    """The writes the API server counted since ``server_before``, less this script's own
+    since ``own_before``, by resource and verb: who wrote, when the target is none."""
+    delta = Counter(apiserver_requests(kube))
+    delta.subtract(server_before)
+    own = Counter(tally.counts)
+    own.subtract(own_before)
+    delta.subtract(own)
+    writes = {
+        f"{verb} {group + '/' if group else ''}{resource}": count
+        for (group, resource, verb), count in delta.items()
+        if verb in WRITES and count > 0 and resource != "leases"
+    }
+    return ", ".join(f"{what}: {count}" for what, count in sorted(writes.items())) or "none"
+
+
 class Tally:
     """Counts this script's own requests, to subtract them from the API server's numbers."""
 
@@ -806,7 +827,14 @@ def measure_controller(
                     "every history Job seen",
                     0.5,
                 )
-                time.sleep(10)  # the controller's watches deliver them too
+                # The controller's watches deliver them too; it folds them before the restart.
+                time.sleep(10)
+                wait_for(
+                    lambda: metric_sum(port, "workqueue_depth") == 0,
+                    args.timeout,
+                    "the controller to go through the history",
+                    1.0,
+                )
                 say(
                     f"history: {extra} more finished runs per Stack added in "
                     f"{time.monotonic() - history_started:.0f}s "
@@ -819,6 +847,7 @@ def measure_controller(
         # again and again and slow it): it lists everything, history included, reconciles
         # every Stack, and then must stay quiet.
         with controller_process(kubeconfig, count, work, args, args.resync) as (process, port):
+            server_before, own_before = apiserver_requests(kube), Counter(tally.counts)
             restarted = time.monotonic()
             wait_for(
                 lambda: (
@@ -835,7 +864,12 @@ def measure_controller(
                 f"after {time.monotonic() - restarted:.1f}s with {startup_writes:.0f} writes "
                 f"(target 0); {load()}"
             )
+            say(
+                "  writes at the API server (Leases and this script's own left out): "
+                + writes_by_resource(kube, tally, server_before, own_before)
+            )
             report_rss(process.pid, "after the restart's list and first reconciles")
+            server_before, own_before = apiserver_requests(kube), Counter(tally.counts)
             idle_before = metric_sum(port, "rest_client_requests_total", WRITES)
             reads_before = metric_sum(port, "rest_client_requests_total")
             reconciles_before = metric_sum(port, "controller_runtime_reconcile_total")
@@ -850,6 +884,10 @@ def measure_controller(
                 f"idle {args.idle_seconds:.0f}s ({idle_reconciles / count:.1f} reconciles per "
                 f"Stack): {idle_writes / count / minutes:.4f} writes per idle Stack per minute "
                 f"(target 0), {idle_all / minutes:.1f} requests per minute in all"
+            )
+            say(
+                "  writes at the API server (Leases and this script's own left out): "
+                + writes_by_resource(kube, tally, server_before, own_before)
             )
             report_rss(process.pid, "after the idle window")
 
