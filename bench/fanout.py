@@ -415,6 +415,7 @@ class JobWatch:
         # controller makes only the writes before a run, as the baseline does.
         self._gate = threading.Event()
         self._held: list[tuple[JSON, str]] = []
+        self._listed = threading.Event()
 
     def release(self) -> None:
         """Finish the held runs, and every later one as soon as it has started."""
@@ -426,7 +427,10 @@ class JobWatch:
                 self._runner.submit(self._finish, job, started)
 
     def start(self) -> None:
+        """Returns once the watch's starting point is listed: every Job created after this
+        call is seen."""
         self._thread.start()
+        self._listed.wait(60)
 
     def stop(self) -> None:
         self._stop.set()
@@ -455,6 +459,7 @@ class JobWatch:
             try:
                 if not version:
                     _, version = self._kube.list_objects(JOBS, self._namespace, page_size=1)
+                    self._listed.set()
                 self._stream = self._kube.watch(
                     JOBS, self._namespace, resource_version=version, timeout_seconds=300
                 )
