@@ -47,6 +47,7 @@ from fanout import (
     BENCH_NS,
     JSON,
     JobWatch,
+    add_rate_limit_options,
     controller_process,
     count_objects,
     load,
@@ -246,10 +247,7 @@ def main() -> None:
     parser.add_argument(
         "--poll-interval", help="the controller's PKOBATCH_POLL_INTERVAL (default: its default)"
     )
-    parser.add_argument(
-        "--kube-qps", type=float, help="the controller's rate limit (default: its default)"
-    )
-    parser.add_argument("--kube-burst", type=int, help="the controller's burst (default: its)")
+    add_rate_limit_options(parser)
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
     # Stopped from outside, still stop the control plane and the controller on the way out.

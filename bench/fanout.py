@@ -932,6 +932,14 @@ def prepare_namespaces(kube: Any) -> None:
     kube.create(ROLEBINDINGS, binding, BENCH_NS)
 
 
+def add_rate_limit_options(parser: argparse.ArgumentParser) -> None:
+    """``--kube-qps`` and ``--kube-burst``, which ``controller_process`` passes on."""
+    parser.add_argument(
+        "--kube-qps", type=float, help="the controller's rate limit (default: its default)"
+    )
+    parser.add_argument("--kube-burst", type=int, help="the controller's burst (default: its)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stacks", type=int, default=1000)
@@ -947,10 +955,7 @@ def main() -> None:
     parser.add_argument("--resync", default="30s", help="the controller's resync period")
     parser.add_argument("--edits", type=int, default=100, help="latency samples (controller)")
     parser.add_argument("--pods", type=int, default=8, help="pods the node agent runs at once")
-    parser.add_argument(
-        "--kube-qps", type=float, help="the controller's rate limit (default: its default)"
-    )
-    parser.add_argument("--kube-burst", type=int, help="the controller's burst (default: its)")
+    add_rate_limit_options(parser)
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
     # Stopped from outside, still stop the control plane and the controller on the way out.
