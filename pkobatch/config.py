@@ -142,13 +142,13 @@ class Settings(BaseSettings):
     )
     workers: int = Field(default=4, ge=1, le=256)
     kube_qps: float = Field(
-        default=100.0,
+        default=200.0,
         gt=0,
         description="API requests per second the controller may send, on average (client-go's "
         "QPS; one token bucket shared by every request, watches included)",
     )
     kube_burst: int = Field(
-        default=200,
+        default=400,
         ge=1,
         description="API requests the controller may send at once above kube_qps after a "
         "quiet period (client-go's Burst)",
