@@ -25,7 +25,8 @@ between the push and the last Job (``rest_client_requests_total``) less the Even
 meanwhile (they take tokens from a bucket of their own), less the burst the bucket held at
 the push, divided by the QPS. A fan-out close to that bound is bound by the rate limit; one
 much longer is bound by something else. Also the ``ls-remote`` calls the poller made, the
-time the controller's requests waited for the rate limit, and the load average.
+time the controller's requests waited for the rate limit, the controller's CPU time from
+the push to the last Job, and the load average.
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ def count_at(kube: Any, commit: str) -> int:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_until_idle(port: int, timeout: float) -> None:
     """Nothing queued in the controller, and its rate limiter's bucket full again."""
     wait_for(lambda: metric_sum(port, "workqueue_depth") == 0, timeout, "an idle controller")
@@ -180,7 +187,7 @@ def measure_commit(
     kube: Any,
     repo: Repository,
     runner: ThreadPoolExecutor,
-    port: int,
+    controller: tuple[int, int],
     index: int,
     args: argparse.Namespace,
     limits: tuple[float, int],
@@ -189,6 +196,7 @@ def measure_commit(
 
     count = args.stacks
     qps, burst = limits
+    pid, port = controller
     wait_until_idle(port, args.timeout)
     jobs = JobWatch(kube, BENCH_NS, runner)
     jobs.start()
@@ -198,9 +206,11 @@ def measure_commit(
         reconciles_before = metric_sum(port, "controller_runtime_reconcile_total")
         polls_before = metric_sum(port, "pkobatch_git_ls_remote_total")
         events_before = count_objects(kube, EVENTS, BENCH_NS)
+        cpu_before = cpu_seconds(pid)
         commit = repo.push_commit(f"commit {index}")
         pushed = time.monotonic()
         wait_for(lambda: jobs.count() >= count, args.timeout, "every Stack's new Job", 0.05)
+        cpu = cpu_seconds(pid) - cpu_before
         requests = metric_sum(port, "rest_client_requests_total") - requests_before
         events = count_objects(kube, EVENTS, BENCH_NS) - events_before
         limited = requests - events
@@ -227,7 +237,10 @@ def measure_commit(
         )
         say(
             f"  {reconciles / count:.2f} reconciles per Stack, {polls:.0f} ls-remote calls, "
-            f"requests waited {waited:.1f}s in all for the rate limit"
+            f"requests waited {waited:.1f}s in all for the rate limit; controller CPU from the "
+            f"push to the last Job {cpu:.1f}s ({cpu / count * 1000:.1f} ms per Stack, "
+            f"{cpu / result.fanout if result.fanout else float('nan'):.2f} of a core over the "
+            "fan-out)"
         )
         jobs.release()
         wait_for(lambda: count_at(kube, commit) >= count, args.timeout, "every Stack Ready", 2.0)
@@ -290,7 +303,10 @@ def main() -> None:
                     f"{args.workers} workers, poll interval {defaults.poll_interval}, "
                     f"rate limit {qps:g} QPS, burst {burst}; {load()}"
                 )
-                with controller_process(plane.kubeconfig, count, work, args, None) as (_, port):
+                with controller_process(plane.kubeconfig, count, work, args, None) as (
+                    process,
+                    port,
+                ):
                     jobs = JobWatch(kube, BENCH_NS, runner)
                     jobs.start()
                     jobs.release()
@@ -311,7 +327,9 @@ def main() -> None:
                         f"{time.monotonic() - started:.1f}s"
                     )
                     results = [
-                        measure_commit(kube, repo, runner, port, index, args, (qps, burst))
+                        measure_commit(
+                            kube, repo, runner, (process.pid, port), index, args, (qps, burst)
+                        )
                         for index in range(1, args.commits + 1)
                     ]
                     if len(results) > 1:
