@@ -712,10 +712,14 @@ def add_history(kube: Any, count: int, runs: int, workers: int) -> None:
             job = build_run(stack, StackSpec(stack="dev"), run, settings, template).job
             created = kube.create(JOBS, job, BENCH_NS)
             kube.create(CONFIGMAPS, result_configmap(created, result_of(created)), BENCH_NS)
+            # Finished now: a completion time long past would have kube-controller-manager's
+            # TTL-after-finished controller delete these Jobs (and the controller their
+            # results) while the restart and idle phases count writes.
+            at = now_rfc3339()
             kube.merge_patch(
                 JOBS,
                 created["metadata"]["name"],
-                complete_status("2026-01-01T00:05:00Z", "2026-01-01T00:00:00Z"),
+                complete_status(at, at),
                 BENCH_NS,
                 subresource="status",
             )
