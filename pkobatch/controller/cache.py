@@ -41,16 +41,23 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pkobatch.api.constants import (
+    API_VERSION,
+    JOB_STACK_UID_ANNOTATION,
+    KIND,
     MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
     OPERATION_LABEL,
     PREFIX,
     RESULT_KEY,
     RESULT_LABEL,
+    RUN_ANNOTATION,
     SHARD_LABEL,
+    STACK_LABEL,
 )
 from pkobatch.api.objects import JSON
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
 from pkobatch.controller.jobs import Run
+from pkobatch.runner.result import result_config_map, result_labels
 
 KEPT_ANNOTATION_PREFIXES: Final = (f"{PREFIX}/", "pulumi.com/")
 KEPT_METADATA: Final = (
@@ -231,12 +238,11 @@ def _sample_finished_run() -> tuple[JSON, JSON]:
     """A finished Job and its result as this module caches them, with placeholder values
     of the usual lengths."""
     stack, namespace, stack_uid = "app-stack", "default", "00000000-0000-4000-8000-000000000000"
-    job_name, job_uid, at = (
-        "app-stack-up-0123456789",
-        "00000000-0000-4000-8000-000000000001",
-        ("2026-01-01T00:00:00Z"),
-    )
-    labels = {MANAGED_BY_LABEL: "pkobatch", f"{PREFIX}/stack": stack, OPERATION_LABEL: "up"}
+    job_name, job_uid = "app-stack-up-0123456789", "00000000-0000-4000-8000-000000000001"
+    at = "2026-01-01T00:00:00Z"
+    # What the API server adds to every object.
+    served = {"resourceVersion": "1000000", "generation": 1, "creationTimestamp": at}
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, STACK_LABEL: stack, OPERATION_LABEL: "up"}
     run = Run("up", "sync", 1, "", "0" * 40, "after::")
     job = cache_job(
         {
@@ -246,18 +252,16 @@ def _sample_finished_run() -> tuple[JSON, JSON]:
                 "name": job_name,
                 "namespace": namespace,
                 "uid": job_uid,
-                "resourceVersion": "1000000",
-                "generation": 1,
-                "creationTimestamp": at,
+                **served,
                 "labels": labels,
                 "annotations": {
-                    f"{PREFIX}/stack-uid": stack_uid,
-                    f"{PREFIX}/run": run.to_annotation(),
+                    JOB_STACK_UID_ANNOTATION: stack_uid,
+                    RUN_ANNOTATION: run.to_annotation(),
                 },
                 "ownerReferences": [
                     {
-                        "apiVersion": "pulumi.com/v1",
-                        "kind": "Stack",
+                        "apiVersion": API_VERSION,
+                        "kind": KIND,
                         "name": stack,
                         "uid": stack_uid,
                         "controller": True,
@@ -303,26 +307,16 @@ def _sample_finished_run() -> tuple[JSON, JSON]:
         permalink="",
         project_info=ProjectInfo(name="app", runtime="python"),
     )
-    configmap = cache_result(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                **job["metadata"],
-                "labels": {**labels, RESULT_LABEL: "succeeded"},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": job_name,
-                        "uid": job_uid,
-                        "controller": True,
-                    }
-                ],
-            },
-            "data": {RESULT_KEY: result.to_json()},
-        }
+    # As the runner writes it (``pkobatch.runner.result``), then served.
+    written = result_config_map(
+        result,
+        name=job_name,
+        namespace=namespace,
+        labels=result_labels(labels, stack, "up"),
+        job_uid=job_uid,
     )
+    written["metadata"].update(uid="00000000-0000-4000-8000-000000000002", **served)
+    configmap = cache_result(written)
     return job, configmap
 
 
