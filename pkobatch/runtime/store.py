@@ -213,11 +213,11 @@ class Store:
             return None
         old = self._read(stored)
         owner = self._owner_key(key, old)
-        members = self._by_owner.get(owner) if owner is not None else None
-        if owner is not None and members is not None:
+        if owner is not None:
+            members = self._by_owner.get(owner, {})
             members.pop(key, None)
             if not members:
-                del self._by_owner[owner]
+                self._by_owner.pop(owner, None)
         return old
 
 
