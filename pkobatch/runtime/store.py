@@ -15,14 +15,15 @@ the larger half of an object.
 
 A store may keep the objects its owner rarely reads again packed (``Packing``): as JSON
 compressed with a preset dictionary (raw deflate, ``zdict``), decoded again on each read.
-A small JSON document held as Python dicts and strings takes two to three times its text,
-and every dict is one more object for each full garbage collection to walk; the same
-document deflated against a dictionary holding its keys and usual values takes a tenth of
-its text and is no object to the collector. Packing suits objects that stop changing and
-are read only now and then (a finished Job, a run's result): packing one costs about 10 µs,
-reading it back a few µs plus the JSON decoding. Readers cannot tell: every read returns
-a dict (a fresh one for a packed object); ``list_unpacked`` lists only the objects kept as
-dicts, for callers that want exactly those without decoding the rest.
+A small JSON document held as Python dicts and strings takes several times its text, and
+every dict is one more object for each full garbage collection to walk; the same document
+deflated against a dictionary holding its keys and usual values is a fraction of its text
+(under a third for a finished Job or result: ``tests/unit/test_controller_cache.py``) and is
+no object to the collector. Packing suits objects that stop changing and are read only now
+and then (a finished Job, a run's result): each read decodes them again. Readers cannot
+tell: every read returns a dict (a fresh one for a packed object); ``list_unpacked`` lists
+only the objects kept as dicts, for callers that want exactly those without decoding the
+rest.
 """
 
 from __future__ import annotations
