@@ -15,13 +15,19 @@ from typing import Any
 
 import click
 
-from pkobatch.config import SettingsInvalid, load_settings
+from pkobatch.config import Settings, SettingsInvalid, load_settings
 from pkobatch.kube.client import Kube, KubeError
 from pkobatch.kube.ratelimit import TokenBucket
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.structured_logging import setup_logging
 
 log = logging.getLogger(__name__)
+
+
+def _default(field: str) -> object:
+    """A setting's default as the help shows it, read from ``Settings`` so the two agree."""
+    value = Settings.model_fields[field].default
+    return f"{value:g}" if isinstance(value, float) else value
 
 
 @click.command("controller")
@@ -41,28 +47,37 @@ log = logging.getLogger(__name__)
     help="sharded install: without --shard, only Stacks with no pkobatch.io/shard label "
     "[env PKOBATCH_SHARDED; off]",
 )
-@click.option("--workers", type=int, help="concurrent reconciles [env PKOBATCH_WORKERS; 4]")
+@click.option(
+    "--workers",
+    type=int,
+    help=f"concurrent reconciles [env PKOBATCH_WORKERS; {_default('workers')}]",
+)
 @click.option(
     "--kube-qps",
     type=float,
-    help="average API requests per second [env PKOBATCH_KUBE_QPS; 100]",
+    help=f"average API requests per second [env PKOBATCH_KUBE_QPS; {_default('kube_qps')}]",
 )
 @click.option(
     "--kube-burst",
     type=int,
-    help="API requests allowed at once above the average [env PKOBATCH_KUBE_BURST; 200]",
+    help="API requests allowed at once above the average "
+    f"[env PKOBATCH_KUBE_BURST; {_default('kube_burst')}]",
 )
 @click.option(
     "--max-active-jobs",
     type=int,
     help="cap on running Jobs, cluster-wide (per shard when sharded) "
-    "[env PKOBATCH_MAX_ACTIVE_JOBS; 50]",
+    f"[env PKOBATCH_MAX_ACTIVE_JOBS; {_default('max_active_jobs')}]",
 )
 @click.option(
-    "--metrics-addr", help="Prometheus endpoint, '0' disables [env PKOBATCH_METRICS_ADDR; :8080]"
+    "--metrics-addr",
+    help="Prometheus endpoint, '0' disables "
+    f"[env PKOBATCH_METRICS_ADDR; {_default('metrics_addr')}]",
 )
 @click.option(
-    "--health-addr", help="/healthz and /readyz, '0' disables [env PKOBATCH_HEALTH_ADDR; :8081]"
+    "--health-addr",
+    help="/healthz and /readyz, '0' disables "
+    f"[env PKOBATCH_HEALTH_ADDR; {_default('health_addr')}]",
 )
 @click.option(
     "--leader-elect/--no-leader-elect",
@@ -72,10 +87,12 @@ log = logging.getLogger(__name__)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
-    help="[env PKOBATCH_LOG_LEVEL; info]",
+    help=f"[env PKOBATCH_LOG_LEVEL; {_default('log_level')}]",
 )
 @click.option(
-    "--log-format", type=click.Choice(["json", "text"]), help="[env PKOBATCH_LOG_FORMAT; json]"
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    help=f"[env PKOBATCH_LOG_FORMAT; {_default('log_format')}]",
 )
 def controller_command(leader_elect: bool | None, **flags: Any) -> None:
     """Run the Stack controller (reconciles pulumi.com/v1 Stacks into Jobs)."""

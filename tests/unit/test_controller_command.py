@@ -42,3 +42,19 @@ def test_bad_flag_type_is_a_usage_error() -> None:
 
 def test_command_is_named_controller() -> None:
     assert controller_command.name == "controller"
+
+
+def test_help_shows_the_defaults_the_settings_use() -> None:
+    # The help once said 100 QPS after the default had become 200.
+    result = CliRunner().invoke(controller_command, ["--help"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    help_text = " ".join(result.output.split())
+    for shown in (
+        "PKOBATCH_KUBE_QPS; 200]",
+        "PKOBATCH_KUBE_BURST; 400]",
+        "PKOBATCH_WORKERS; 4]",
+        "PKOBATCH_MAX_ACTIVE_JOBS; 50]",
+        "PKOBATCH_METRICS_ADDR; :8080]",
+        "PKOBATCH_LOG_FORMAT; json]",
+    ):
+        assert shown in help_text
