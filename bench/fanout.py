@@ -19,16 +19,22 @@ Modes:
 
 Phases:
 
-1. baseline: a bare client (no rate limit) in its own namespace: one thread applies the N
-   Stacks, ``--workers`` threads take each applied Stack and make the writes the controller
-   makes before a run, in its order: the Job (built by the controller's own builder, created
+1. baselines: a bare client in its own namespace: one thread applies the N Stacks,
+   ``--workers`` threads take each applied Stack and make the writes the controller makes
+   before a run, in its order: the Job (built by the controller's own builder, created
    suspended so no pod runs) and its inputs, the finalizer, the status, then queue the Event,
    which the controller's own event recorder posts from its sender thread (as the controller
-   does: pkobatch.controller.events; unlimited here, as the rest of this client). The clock
-   runs from the first apply until every Job exists.
-2. controller: ``pkobatch controller`` with ``--workers`` workers and its default rate limit;
-   the same applier; the clock runs from the first apply until every Job exists (the same end
-   point: fan-out ratio controller / baseline, target >= 0.8), then until every Stack is Ready.
+   does: pkobatch.controller.events). The clock runs from the first apply until every Job
+   exists. Twice: the workers' client **unlimited** (it also warms the API server up), then
+   **limited** as the controller's is (the same token bucket settings, the Events on a bucket
+   of their own).
+2. controller: ``pkobatch controller`` with ``--workers`` workers and its rate limit; the same
+   applier; the clock runs from the first apply until every Job exists (the same end point).
+   The fan-out ratio is the limited baseline's time / the controller's (target >= 0.8): the
+   controller's own cost, with the same concurrency, writes and limit on both sides. The
+   ratio to the unlimited baseline is printed too: on an idle machine a client without a
+   limit outruns any limited one, so that ratio shows how much the limit itself holds back.
+   Then until every Stack is Ready.
 3. history (controller mode): ``--history`` - 1 finished runs per Stack are added — Jobs as
    the controller builds them, complete, and their results — so with the run of phase 2 each
    Stack has ``--history`` runs, as after that many updates; the controller's RSS with them
@@ -73,6 +79,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_NS = "bench-controller"
 BASELINE_NS = "bench-baseline"
+LIMITED_BASELINE_NS = "bench-baseline-limited"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 TARGET_RATE_RATIO = 0.8
 TARGET_RSS_MIB = 256
@@ -508,12 +515,13 @@ class JobWatch:
 
 
 # ---------------------------------------------------------------------------------------
-# The baseline: a bare client, as concurrent as the controller, the same writes
+# The baselines: a bare client, as concurrent as the controller, the same writes
 # ---------------------------------------------------------------------------------------
 
 
-def run_baseline(kube: Any, count: int, workers: int) -> float:
-    """Seconds from the first apply until every Stack's Job (and the writes before it) exist."""
+def run_baseline(applier: Any, kube: Any, count: int, workers: int, namespace: str) -> float:
+    """Seconds from the first apply (by ``applier``) until every Stack's Job (and the writes
+    before it, by ``workers`` threads sharing ``kube``) exist in ``namespace``."""
     from pkobatch.api.stack import StackSpec
     from pkobatch.config import Settings
     from pkobatch.controller.events import EventRecorder
@@ -522,7 +530,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
 
     settings = Settings().job
     template = builtin_template()
-    events = EventRecorder(kube.with_own_rate_limit(), "bench-baseline")
+    events = EventRecorder(kube.with_own_rate_limit(), namespace)
     applied: queue.Queue[JSON | None] = queue.Queue()
     job_created: list[float] = []
 
@@ -532,11 +540,11 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
         objects = build_run(stack, StackSpec(stack="dev"), run, settings, template)
         job = objects.job
         job["spec"]["suspend"] = True  # the same object, but no pod: only the API writes count
-        created = kube.create(JOBS, job, BASELINE_NS)
+        created = kube.create(JOBS, job, namespace)
         job_created.append(time.monotonic())
         for item in objects.inputs:
             owned = owned_by_job(item, job["metadata"]["name"], created["metadata"]["uid"])
-            kube.create(SECRETS if item["kind"] == "Secret" else CONFIGMAPS, owned, BASELINE_NS)
+            kube.create(SECRETS if item["kind"] == "Secret" else CONFIGMAPS, owned, namespace)
         updated = kube.merge_patch(
             STACKS,
             meta["name"],
@@ -546,7 +554,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
                     "resourceVersion": meta["resourceVersion"],
                 }
             },
-            BASELINE_NS,
+            namespace,
         )
         kube.merge_patch(
             STACKS,
@@ -579,7 +587,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
                     ],
                 },
             },
-            BASELINE_NS,
+            namespace,
             subresource="status",
         )
         events.post(updated, "Normal", "StackUpdateDetected", "initial stack update")
@@ -593,7 +601,7 @@ def run_baseline(kube: Any, count: int, workers: int) -> float:
     for thread in threads:
         thread.start()
     started = time.monotonic()
-    apply_stacks(kube, BASELINE_NS, count, applied.put)
+    apply_stacks(applier, namespace, count, applied.put)
     for _ in threads:
         applied.put(None)
     for thread in threads:
@@ -770,8 +778,9 @@ def measure_controller(
     count: int,
     args: argparse.Namespace,
     work: Path,
-    baseline_seconds: float,
+    baselines: tuple[float, float],
 ) -> None:
+    """``baselines``: the limited and the unlimited baseline's seconds."""
     from pkobatch.kube.client import STACKS
 
     runner = ThreadPoolExecutor(4) if args.mode == "controller" else None
@@ -788,15 +797,17 @@ def measure_controller(
                 wait_for(lambda: jobs.count() >= count, args.timeout, "every Job", 0.05)
                 jobs_seconds = time.monotonic() - started
                 applying.result()
-            ratio = baseline_seconds / jobs_seconds
+            limited_seconds, unlimited_seconds = baselines
+            ratio = limited_seconds / jobs_seconds
             verdict = "met" if ratio >= TARGET_RATE_RATIO else "NOT met"
             say(
                 f"controller: every Job exists after {jobs_seconds:.1f}s "
                 f"({count / jobs_seconds:.1f} Stacks/s); {load()}"
             )
             say(
-                f"fan-out ratio controller/baseline: {ratio:.2f} "
-                f"(target >= {TARGET_RATE_RATIO}: {verdict})"
+                f"fan-out ratio controller/limited baseline: {ratio:.2f} "
+                f"(target >= {TARGET_RATE_RATIO}: {verdict}); controller/unlimited baseline: "
+                f"{unlimited_seconds / jobs_seconds:.2f}"
             )
             report_rss(process.pid, "when every Job exists")
             reconciles = metric_sum(port, "controller_runtime_reconcile_total")
@@ -923,7 +934,7 @@ def prepare_namespaces(kube: Any) -> None:
         (REPO_ROOT / "deploy/kustomize/base/runner-clusterrole.yaml").read_text()
     )
     kube.apply(CLUSTERROLES, runner_role, field_manager="bench")
-    for namespace in (BENCH_NS, BASELINE_NS):
+    for namespace in (BENCH_NS, BASELINE_NS, LIMITED_BASELINE_NS):
         kube.create(
             NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
         )
@@ -966,10 +977,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from pkobatch.api.durations import parse_duration
+    from pkobatch.config import load_settings
     from pkobatch.dev.controlplane import CONTROLLERS, default_crds_dir
     from pkobatch.dev.environment import dev_environment
     from pkobatch.dev.tools import ToolsMissing, find_tools
     from pkobatch.kube.client import Kube
+    from pkobatch.kube.ratelimit import TokenBucket
 
     if parse_duration(args.resync).total_seconds() > args.idle_seconds:
         sys.exit("--idle-seconds must cover at least one --resync period")
@@ -1005,13 +1018,37 @@ def main() -> None:
                     f"fan-out of {count} Stacks, mode {args.mode}, {args.workers} workers, "
                     f"{limit}; {load()}"
                 )
-                baseline_seconds = run_baseline(kube, count, args.workers)
+                unlimited_seconds = run_baseline(kube, kube, count, args.workers, BASELINE_NS)
                 say(
-                    f"baseline ({args.workers} threads, bare client): every Job exists after "
-                    f"{baseline_seconds:.1f}s ({count / baseline_seconds:.1f} Stacks/s)"
+                    f"baseline ({args.workers} threads, bare client, no limit): every Job exists "
+                    f"after {unlimited_seconds:.1f}s ({count / unlimited_seconds:.1f} Stacks/s)"
+                )
+                settings = load_settings(kube_qps=args.kube_qps, kube_burst=args.kube_burst)
+                limited = Kube.connect(
+                    str(plane.kubeconfig),
+                    on_request=tally.hook,
+                    qps_pool=32,
+                    rate_limiter=TokenBucket(settings.kube_qps, settings.kube_burst),
+                )
+                try:
+                    limited_seconds = run_baseline(
+                        kube, limited, count, args.workers, LIMITED_BASELINE_NS
+                    )
+                finally:
+                    limited.close()
+                say(
+                    f"baseline ({args.workers} threads, bare client limited to "
+                    f"{settings.kube_qps:g} QPS, burst {settings.kube_burst}): every Job exists "
+                    f"after {limited_seconds:.1f}s ({count / limited_seconds:.1f} Stacks/s)"
                 )
                 measure_controller(
-                    kube, tally, plane.kubeconfig, count, args, work, baseline_seconds
+                    kube,
+                    tally,
+                    plane.kubeconfig,
+                    count,
+                    args,
+                    work,
+                    (limited_seconds, unlimited_seconds),
                 )
             finally:
                 kube.close()
