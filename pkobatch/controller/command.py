@@ -18,6 +18,7 @@ import click
 from pkobatch.config import Settings, SettingsInvalid, load_settings
 from pkobatch.kube.client import Kube, KubeError
 from pkobatch.kube.ratelimit import TokenBucket
+from pkobatch.runtime.malloc_arenas import cap_malloc_arenas
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.structured_logging import setup_logging
 
@@ -104,6 +105,7 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
         click.echo(f"pkobatch controller: {exc}", err=True)
         sys.exit(2)
     setup_logging(settings.log_level, settings.log_format)
+    cap_malloc_arenas()  # before any thread starts
 
     # The reconciler's modules load only when the controller runs, not for every CLI command.
     from pkobatch.controller.composition import CONTROLLER_NAME, build_manager
