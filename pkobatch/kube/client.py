@@ -535,7 +535,11 @@ class Kube:
                     "continue": token,
                 },
             )
-            for item in page.get("items") or []:
+            # Taken off the page one at a time: a whole object goes as soon as ``transform``
+            # has taken what it keeps, not when the page ends.
+            page_items = list(reversed(page.pop("items", None) or []))
+            while page_items:
+                item = page_items.pop()
                 item.setdefault("apiVersion", res.api_version)
                 item.setdefault("kind", res.kind)
                 items.append(transform(item) if transform else item)

@@ -1,10 +1,12 @@
 """The client-side token bucket, alone (a fake clock) and in front of every request of a
-``Kube`` (a loopback HTTP server standing in for the API server's answers)."""
+``Kube`` (a loopback HTTP server standing in for the API server's answers); and what a
+``Kube`` list keeps of each page."""
 
 from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -198,3 +200,35 @@ def test_a_client_without_a_limiter_gives_one_without_a_limiter(kubeconfig: Path
     finally:
         kube.close()
     assert waited == []
+
+
+def test_a_listed_object_is_let_go_once_its_transform_has_run(
+    kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start-up list hands each object to the cache's transform (which keeps part of it,
+    or packs it); the whole object must not live on until its page ends."""
+
+    class Whole(dict[str, object]):  # a dict that can be referenced weakly
+        pass
+
+    def page(*_args: object, **_kwargs: object) -> dict[str, object]:
+        items = [Whole(name=f"o{index}") for index in range(3)]
+        return {"items": items, "metadata": {"resourceVersion": "9"}}
+
+    kube = Kube.connect(str(kubeconfig))
+    monkeypatch.setattr(kube, "request", page)
+    seen: list[weakref.ref[Whole]] = []
+    alive_at_each_transform: list[list[bool]] = []
+
+    def transform(obj: dict[str, object]) -> str:
+        alive_at_each_transform.append([ref() is not None for ref in seen])
+        assert isinstance(obj, Whole)
+        seen.append(weakref.ref(obj))
+        return str(obj["name"])
+
+    try:
+        names, version = kube.list_objects(CONFIGMAPS, "ns", transform=transform)
+    finally:
+        kube.close()
+    assert (names, version) == (["o0", "o1", "o2"], "9")
+    assert alive_at_each_transform == [[], [False], [False, False]]
