@@ -5,6 +5,13 @@ is registered for an ``atexit`` sweep, and asks the kernel to SIGKILL it when th
 that started it dies (``PR_SET_PDEATHSIG``) — which also covers an owner killed with
 SIGKILL, where no Python cleanup runs. Because the death signal follows the *thread*, start
 children only from threads that live at least as long as the child.
+
+The death signal is set by util-linux's ``setpriv --pdeathsig``, which then execs the
+program in its place. Setting it from a ``preexec_fn`` instead makes Python fork rather than
+vfork, and a forked child runs the fork handlers of every library loaded in the owner:
+grpcio's (loaded with Pulumi's SDK) once aborted a child before its exec (SIGABRT, a
+kube-apiserver restarted by a test "exiting" with -6). Without ``setpriv`` the
+``preexec_fn`` is the fallback.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +48,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_SETPRIV: Final = shutil.which("setpriv")
+
+
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     def prepare() -> None:
         # Runs in the child between fork and exec: only async-signal-safe work here.
@@ -51,6 +62,24 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     return prepare
 
 
+def _dying_with_parent(
+    argv: Sequence[str], env: Mapping[str, str] | None, cwd: Path | str | None
+) -> tuple[list[str], Callable[[], None] | None]:
+    """The command line and ``preexec_fn`` that start ``argv`` with its death signal set."""
+    if _SETPRIV is None:
+        return list(argv), _die_with_parent(os.getpid())
+    program = argv[0]
+    if os.sep not in program:
+        search = (env if env is not None else os.environ).get("PATH")
+        program = shutil.which(program, path=search) or program
+    elif cwd is not None:
+        program = os.path.join(cwd, program)
+    if not os.access(program, os.X_OK):
+        # As Popen would raise it, not as setpriv's exit status 127 in the log.
+        raise FileNotFoundError(2, "No such executable", argv[0])
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -59,6 +88,7 @@ def spawn(
     cwd: Path | str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new process group with stdout+stderr going to ``log``."""
+    command, preexec = _dying_with_parent(argv, env, cwd)
     handle: IO[bytes] | int
     close_after = False
     if isinstance(log, Path):
@@ -69,14 +99,14 @@ def spawn(
         handle = log if log is not None else subprocess.DEVNULL
     try:
         process = subprocess.Popen(
-            list(argv),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=preexec,
         )
     finally:
         if close_after and not isinstance(handle, int):
