@@ -462,9 +462,7 @@ class _PodWorker:
             return None
         argv, env, working_dir = resolved
         started = _now()
-        # A path is relative to the working directory, a bare name is looked up on PATH.
-        command = os.path.join(working_dir, argv[0]) if os.sep in argv[0] else argv[0]
-        if shutil.which(command, path=env.get("PATH")) is None:
+        if processes.find_program(argv[0], env.get("PATH"), working_dir) is None:
             message = f"cannot start {argv[0]}: no such executable on the pod's PATH"
             self._report_terminal(container, 128, message, started=None)
             return 128

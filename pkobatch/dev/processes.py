@@ -62,19 +62,22 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     return prepare
 
 
+def find_program(program: str, search_path: str | None, cwd: Path | str | None) -> str | None:
+    """The executable exec would run for ``program``: a bare name looked up on
+    ``search_path``, a path taken relative to ``cwd``; None if there is none."""
+    if os.sep in program and cwd is not None:
+        program = os.path.join(cwd, program)
+    return shutil.which(program, path=search_path)
+
+
 def _dying_with_parent(
     argv: Sequence[str], env: Mapping[str, str] | None, cwd: Path | str | None
 ) -> tuple[list[str], Callable[[], None] | None]:
     """The command line and ``preexec_fn`` that start ``argv`` with its death signal set."""
     if _SETPRIV is None:
         return list(argv), _die_with_parent(os.getpid())
-    program = argv[0]
-    if os.sep not in program:
-        search = (env if env is not None else os.environ).get("PATH")
-        program = shutil.which(program, path=search) or program
-    elif cwd is not None:
-        program = os.path.join(cwd, program)
-    if not os.access(program, os.X_OK):
+    search = (env if env is not None else os.environ).get("PATH")
+    if find_program(argv[0], search, cwd) is None:
         # As Popen would raise it, not as setpriv's exit status 127 in the log.
         raise FileNotFoundError(2, "No such executable", argv[0])
     return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
