@@ -25,6 +25,7 @@ from controller_harness import (
     CONTROLLER_NAMESPACE,
     CONTROLLER_SA,
     ControllerProcess,
+    apply_stack,
     bind_runner,
     install_controller_rbac,
 )
@@ -107,13 +108,7 @@ def test_a_burst_of_new_stacks_never_pushes_the_controller_past_its_rate_limit(
 ) -> None:
     start = datetime.now(UTC)
     for index in range(EDITS):
-        body = {
-            "apiVersion": "pulumi.com/v1",
-            "kind": "Stack",
-            "metadata": {"name": f"s{index:03d}"},
-            "spec": {"stack": "dev"},
-        }
-        kube.create(STACKS, body, namespace)
+        apply_stack(kube, namespace, f"s{index:03d}", {"stack": "dev"})
     time.sleep(WINDOW_SECONDS)
     events, _ = assert_within_the_limit(cluster.control_plane.audit_log, start, datetime.now(UTC))
     assert events, "the audit log holds the controller's Events"
@@ -146,13 +141,7 @@ def test_a_burst_of_spec_edits_never_pushes_the_controller_past_its_rate_limit(
     controller.start()
     try:
         for name in names:
-            body = {
-                "apiVersion": "pulumi.com/v1",
-                "kind": "Stack",
-                "metadata": {"name": name},
-                "spec": {"stack": "dev", "suspend": True},
-            }
-            kube.create(STACKS, body, namespace)
+            apply_stack(kube, namespace, name, {"stack": "dev", "suspend": True})
         wait_until(
             lambda: observed_generations(kube, namespace) == [1] * EDITS,
             timeout=300,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dev_env import alive
 
 from pkobatch.dev.memory_limit import MemoryCgroup
 from pkobatch.dev.node_agent import NodeAgent
@@ -31,15 +32,6 @@ from pkobatch.kube.client import (
 )
 
 JSON = dict[str, Any]
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone: it runs nothing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def read_pids(path: Path) -> list[int]:

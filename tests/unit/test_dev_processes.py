@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dev_env import alive
 
 from pkobatch.dev import processes
 from pkobatch.dev.processes import wait_until
@@ -23,14 +24,6 @@ child = processes.spawn(["sleep", "300"], log=Path(sys.argv[1]))
 print(child.pid, flush=True)
 time.sleep(300)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def test_a_child_dies_with_its_owner_and_runs_none_of_its_fork_handlers(tmp_path: Path) -> None:
