@@ -1010,10 +1010,9 @@ def main() -> None:
             kube = Kube.connect(str(plane.kubeconfig), on_request=tally.hook, qps_pool=32)
             try:
                 prepare_namespaces(kube)
-                limit = (
-                    f"rate limit {args.kube_qps or 'default'} QPS, "
-                    f"burst {args.kube_burst or 'default'}"
-                )
+                # The controller's limit: its settings, with these flags passed on.
+                settings = load_settings(kube_qps=args.kube_qps, kube_burst=args.kube_burst)
+                limit = f"rate limit {settings.kube_qps:g} QPS, burst {settings.kube_burst}"
                 say(
                     f"fan-out of {count} Stacks, mode {args.mode}, {args.workers} workers, "
                     f"{limit}; {load()}"
@@ -1023,7 +1022,6 @@ def main() -> None:
                     f"baseline ({args.workers} threads, bare client, no limit): every Job exists "
                     f"after {unlimited_seconds:.1f}s ({count / unlimited_seconds:.1f} Stacks/s)"
                 )
-                settings = load_settings(kube_qps=args.kube_qps, kube_burst=args.kube_burst)
                 limited = Kube.connect(
                     str(plane.kubeconfig),
                     on_request=tally.hook,
@@ -1037,8 +1035,7 @@ def main() -> None:
                 finally:
                     limited.close()
                 say(
-                    f"baseline ({args.workers} threads, bare client limited to "
-                    f"{settings.kube_qps:g} QPS, burst {settings.kube_burst}): every Job exists "
+                    f"baseline ({args.workers} threads, bare client, {limit}): every Job exists "
                     f"after {limited_seconds:.1f}s ({count / limited_seconds:.1f} Stacks/s)"
                 )
                 measure_controller(
