@@ -66,9 +66,10 @@ class JobSettings(BaseModel):
     # Runner command: overridden in development to run the local interpreter.
     command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
     runner_bundle: str = Field(
-        default="/opt/pkobatch/bin/pkobatch-runner",
-        description="absolute path of the runner bundle (jobs/build-runner-bundle.sh) in the "
-        "image it is copied from: a run whose image is not `image` executes a copy of it",
+        default="/opt/pkobatch/runner",
+        description="absolute path of the runner bundle directory (jobs/build-runner-bundle.sh) "
+        "in the image it is copied from: a run whose image is not `image` executes a copy of "
+        "its launcher, pkobatch-runner",
     )
     bundle_image: str = Field(
         default="",

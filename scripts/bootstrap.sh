@@ -11,8 +11,14 @@ say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 missing=()
 for tool in git openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-# PyInstaller (the runner bundle, built by the e2e tests) needs objdump.
+# PyInstaller (the runner bundle, built by the e2e tests) needs objdump and readelf; the
+# bundle's launcher is linked static with gcc and glibc's libc.a.
 command -v objdump >/dev/null || missing+=(binutils)
+command -v gcc >/dev/null || missing+=(gcc)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ "$(uname -m)" != x86_64 ] || missing+=(libc6-dev)
+# The tests run the bundle in real containers (runc), one of them a musl image.
+command -v runc >/dev/null || missing+=(runc)
+[ -e /lib/ld-musl-x86_64.so.1 ] || [ "$(uname -m)" != x86_64 ] || missing+=(musl)
 command -v go >/dev/null || missing+=(golang-go)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"

@@ -23,7 +23,8 @@ refusal is a ``JobBuildError`` naming the field, raised before any Job exists.
 not the runner image ``Settings.job.image`` — a Stack's ``workspaceTemplate.spec.image`` or
 a ``jobTemplate`` container image, e.g. a stock ``pulumi/pulumi`` image — gets the runner
 the way PKO injects its agent: an init container from the runner image copies the runner
-bundle (a self-contained executable, ``Settings.job.runner_bundle``) into an ``emptyDir``,
+bundle (a self-contained directory with its own C library, ``Settings.job.runner_bundle``)
+into an ``emptyDir``,
 and the run container, in the user's image that brings the Pulumi CLI and the language
 runtimes, executes that copy. This is decided last, on the final image, so no layer can
 leave a run without a runner.
@@ -133,7 +134,9 @@ ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
 # The runner bundle injected into runs whose image is not the runner image.
 BUNDLE_VOLUME: Final = "pkobatch-runner"
 BUNDLE_MOUNT_PATH: Final = "/pkobatch"
-INJECTED_RUNNER: Final = f"{BUNDLE_MOUNT_PATH}/pkobatch-runner"
+# The init container copies the bundle directory here; its launcher is the run's command.
+INJECTED_BUNDLE: Final = f"{BUNDLE_MOUNT_PATH}/runner"
+INJECTED_RUNNER: Final = f"{INJECTED_BUNDLE}/pkobatch-runner"
 BUNDLE_INIT_CONTAINER: Final = "pkobatch-runner"
 JOB_RUN_ARGS: Final = ("job", "run")
 # The user PKO runs workspace pods as (its "restricted" security profile): stock images such
@@ -928,7 +931,7 @@ def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list
         "name": BUNDLE_INIT_CONTAINER,
         "image": settings.bundle_image or settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["cp", settings.runner_bundle, INJECTED_RUNNER],
+        "command": ["cp", "-R", settings.runner_bundle, INJECTED_BUNDLE],
         "volumeMounts": [mount],
         "securityContext": copy.deepcopy(RESTRICTED_SECURITY_CONTEXT),
     }

@@ -44,8 +44,8 @@ What it does like a kubelet:
   ``terminationMessagePolicy: FallbackToLogsOnError``, the last lines of output as message;
 - a pod that gets a deletionTimestamp (Job deadline, Job deletion, the GC) has its process
   sent SIGTERM — only the container's first process, as a container runtime does: a
-  launcher such as the runner bundle's PyInstaller bootloader forwards it to its child, which
-  a signal to the whole group would reach twice — then its process group SIGKILL after the
+  launcher that forwards signals to a child process would otherwise pass on a signal the
+  child already got from a signal to the whole group — then its process group SIGKILL after the
   deletion's grace period; it is reported Failed
   (so the Job controller can account for it and drop its tracking finalizer) and then
   deleted with grace 0, which removes the object;

@@ -7,7 +7,8 @@ finds the built CLI on PATH). The program's ``__main__.py`` runs as an inline pr
 the runner does: no ``pulumi-language-python`` host is needed. ``config`` values are plain,
 ``secret_config`` values are secret; ``directory`` defaults to ``pulumi_env.files_dir``.
 
-``runner_bundle`` (session) -> Path: the injected runner bundle of the current sources, built
+``runner_bundle`` (session) -> Path: the injected runner bundle directory (its launcher is
+``pkobatch-runner`` in it) of the current sources, built
 by ``jobs/build-runner-bundle.sh`` here rather than in scripts/bootstrap.sh, so that a bare
 ``pytest`` run after an edit tests a bundle of the edited sources (the script's cache key is a
 hash of the sources and pins: a warm run only hashes, a cold one takes a few minutes).

@@ -29,7 +29,7 @@ from controller_harness import (
 
 from pkobatch.api.constants import STACK_LABEL
 from pkobatch.api.run import RunResult
-from pkobatch.controller.jobs import INJECTED_RUNNER
+from pkobatch.controller.jobs import INJECTED_BUNDLE, INJECTED_RUNNER
 from pkobatch.kube.client import JOBS, Kube
 from pkobatch.runner.embedded import fallback_env_name
 
@@ -109,7 +109,7 @@ def test_the_bundle_runs_a_yaml_program_outside_the_virtualenv(
     }
 
     completed = subprocess.run(
-        [str(runner_bundle), "run", "-f", str(manifest), "-o", "json"],
+        [str(runner_bundle / "pkobatch-runner"), "run", "-f", str(manifest), "-o", "json"],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -192,13 +192,63 @@ def test_a_stack_in_a_stock_pulumi_image_runs_the_injected_bundle(
     assert run["image"] == cluster.pulumi_image
     assert run["command"] == [INJECTED_RUNNER, "job", "run"]
     (init,) = pod_spec["initContainers"]
-    assert init["command"] == ["cp", str(runner_bundle), INJECTED_RUNNER]
+    assert init["command"] == ["cp", "-R", str(runner_bundle), INJECTED_BUNDLE]
     assert {"name": "pkobatch-runner", "emptyDir": {}} in pod_spec["volumes"]
     # What the node agent really started: the pod's copy of the bundle, with a PATH that
     # has the Pulumi CLI and the YAML host but not this virtualenv.
     launches = {launch.container: launch for launch in cluster.agent.launches(namespace)}
     copied = launches["pkobatch-runner"].argv[-1]
-    assert launches["pkobatch-runner"].argv[:2] == ("cp", str(runner_bundle))
-    assert copied.endswith("/volumes/pkobatch-runner/pkobatch-runner")
-    assert launches["pulumi"].argv[:3] == (copied, "job", "run")
+    assert launches["pkobatch-runner"].argv[:3] == ("cp", "-R", str(runner_bundle))
+    assert copied.endswith("/volumes/pkobatch-runner/runner")
+    assert launches["pulumi"].argv[:3] == (f"{copied}/pkobatch-runner", "job", "run")
     has_no_pkobatch(launches["pulumi"].path)
+
+
+def test_programs_the_bundle_starts_get_the_images_library_path(
+    runner_bundle: Path, tmp_path: Path
+) -> None:
+    """The launcher points LD_LIBRARY_PATH at the bundle's C library; what the runner starts
+    (here a ``pulumi`` that records its environment) must see the image's value instead."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    recorded = tmp_path / "pulumi-env"
+    fake_pulumi = bin_dir / "pulumi"
+    fake_pulumi.write_text(f'#!/bin/sh\nenv > "{recorded}"\necho v3.259.0\n')
+    fake_pulumi.chmod(0o755)
+    program = tmp_path / "program"
+    program.mkdir()
+    (program / "Pulumi.yaml").write_text("name: env-probe\nruntime: yaml\n")
+    manifest = tmp_path / "stack.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "pulumi.com/v1",
+                "kind": "Stack",
+                "metadata": {"name": "probe", "namespace": "e2e"},
+                "spec": {
+                    "stack": "dev",
+                    "workspaceTemplate": {"spec": {"local": {"dir": str(program)}}},
+                },
+            }
+        )
+    )
+    env = {
+        "PATH": os.pathsep.join([str(bin_dir), *SYSTEM_PATH]),
+        "HOME": str(tmp_path / "home"),
+        "LD_LIBRARY_PATH": "/opt/image-libraries",
+        "PULUMI_CONFIG_PASSPHRASE": "not-a-secret",
+    }
+
+    subprocess.run(
+        [str(runner_bundle / "pkobatch-runner"), "run", "-f", str(manifest)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    seen = dict(line.split("=", 1) for line in recorded.read_text().splitlines() if "=" in line)
+    assert seen["LD_LIBRARY_PATH"] == "/opt/image-libraries"
+    assert "PKOBATCH_IMAGE_LD_LIBRARY_PATH" not in seen
+    assert "LD_LIBRARY_PATH_ORIG" not in seen

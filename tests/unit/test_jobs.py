@@ -20,6 +20,7 @@ from pkobatch.api.run import (
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import JobSettings, Settings
 from pkobatch.controller.jobs import (
+    INJECTED_BUNDLE,
     INJECTED_RUNNER,
     RUN_ANNOTATION,
     JobBuildError,
@@ -527,7 +528,9 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
     assert runner["volumeMounts"] == [
         {"name": "pkobatch-runner", "mountPath": "/pkobatch", "readOnly": True}
     ]
-    assert INJECTED_RUNNER.startswith("/pkobatch/")
+    # The launcher of the bundle directory the init container copies into the volume.
+    assert f"{INJECTED_BUNDLE}/pkobatch-runner" == INJECTED_RUNNER
+    assert INJECTED_BUNDLE.startswith("/pkobatch/")
     # As PKO runs workspace pods: the stock image's user "pulumi" is not numeric.
     assert runner["securityContext"]["runAsUser"] == 1000
     assert runner["securityContext"]["runAsGroup"] == 1000
@@ -538,7 +541,7 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
         "name": "pkobatch-runner",
         "image": "pkobatch/runner:1",
         "imagePullPolicy": "Always",
-        "command": ["cp", "/opt/pkobatch/bin/pkobatch-runner", INJECTED_RUNNER],
+        "command": ["cp", "-R", "/opt/pkobatch/runner", INJECTED_BUNDLE],
         "volumeMounts": [{"name": "pkobatch-runner", "mountPath": "/pkobatch"}],
         "securityContext": RESTRICTED,
         "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
@@ -649,7 +652,7 @@ def test_bundle_settings() -> None:
     job = build({"workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}}}, settings)
     [init] = pod_spec(job)["initContainers"]
     assert init["image"] == "pkobatch/runner-bundle:1"
-    assert init["command"] == ["cp", "/bundle/runner", INJECTED_RUNNER]
+    assert init["command"] == ["cp", "-R", "/bundle/runner", INJECTED_BUNDLE]
     with pytest.raises(ValueError, match="not an absolute path"):
         Settings(job={"runner_bundle": "bin/runner"})
 
