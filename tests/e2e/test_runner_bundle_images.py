@@ -98,7 +98,7 @@ def container_config(runc: str, bundle: Path, runner_bundle: Path, args: list[st
                 "HOME=/work",
                 "TMPDIR=/work",
                 "PULUMI_HOME=/work/.pulumi",
-                "PULUMI_BACKEND_URL=file:///work/state",
+                "PULUMI_BACKEND_URL=file:///work",
                 "PULUMI_CONFIG_PASSPHRASE=not-a-secret-of-this-test",
                 "PULUMI_SKIP_UPDATE_CHECK=true",
                 "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true",
@@ -119,7 +119,8 @@ def container_config(runc: str, bundle: Path, runner_bundle: Path, args: list[st
             "destination": "/work",
             "type": "tmpfs",
             "source": "tmpfs",
-            "options": ["nosuid", "nodev", "mode=1777", "size=512m"],
+            # Owned by the run's user, as an emptyDir with the pod's fsGroup would be.
+            "options": ["nosuid", "nodev", "size=512m", f"uid={RUN_AS}", f"gid={RUN_AS}"],
         },
     ]
     config_file.write_text(json.dumps(config))
