@@ -16,12 +16,14 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from pkobatch.api.constants import SHARD_LABEL
+from pkobatch.api.constants import FLUX_SOURCE_GROUP, FLUX_SOURCE_KINDS, SHARD_LABEL
 from pkobatch.api.durations import parse_duration
 
 # A shard name is part of its Lease name and of its Deployment name in deploy/
 # (pkobatch-controller-<shard>, which must stay a DNS label: at most 63 characters).
 SHARD_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")
+# A Kubernetes kind: the CRD's rule on spec.fluxSource.sourceRef.kind is the same.
+KIND_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 
 
 def _duration(value: Any) -> Any:
@@ -169,6 +171,12 @@ class Settings(BaseSettings):
         "plain http://; by default credentials go only over https:// or ssh "
         "(docs/security.md)",
     )
+    extra_flux_source_kinds: CommaList = Field(
+        default_factory=list,
+        description=f"kinds of {FLUX_SOURCE_GROUP} a Stack's spec.fluxSource may name besides "
+        f"{', '.join(FLUX_SOURCE_KINDS)} (the controller also needs RBAC to get, list and "
+        "watch them; docs/security.md)",
+    )
     resync_period: Duration = Field(
         default=timedelta(hours=10),
         ge=timedelta(seconds=1),
@@ -198,6 +206,22 @@ class Settings(BaseSettings):
                 "and ending with a letter or digit, at most 40 characters"
             )
         return value
+
+    @field_validator("extra_flux_source_kinds")
+    @classmethod
+    def _kind_names(cls, value: list[str]) -> list[str]:
+        wrong = [kind for kind in value if not KIND_NAME.fullmatch(kind)]
+        if wrong:
+            raise ValueError(
+                f"{', '.join(map(repr, wrong))}: not a kind name (e.g. HelmChart: a capital "
+                "letter, then letters and digits)"
+            )
+        return value
+
+    @property
+    def flux_source_kinds(self) -> tuple[str, ...]:
+        """The kinds of Flux sources a Stack may name (docs/security.md)."""
+        return tuple(dict.fromkeys((*FLUX_SOURCE_KINDS, *self.extra_flux_source_kinds)))
 
     @property
     def shard_selector(self) -> str:

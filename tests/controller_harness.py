@@ -10,7 +10,9 @@ the admission policy on the controller's Secrets from the kustomize base, a
 returns a factory writing that SA's kubeconfig.
 
 ``ControllerProcess``: start/kill/restart the controller for one namespace (``env`` overrides
-its settings, e.g. ``PKOBATCH_JOB__COMMAND``); ``metric(name, **labels)`` reads its Prometheus
+its settings, e.g. ``PKOBATCH_JOB__COMMAND``; by default it may send git credentials over
+plain http to 127.0.0.1, where the tests' git server is); ``pid`` and ``threads()`` of its
+process; ``metric(name, **labels)`` reads its Prometheus
 endpoint; ``log_text()`` its output; ``caught_up()`` waits until it has reconciled every
 change made so far (to check that a change led to nothing). ``metric(port, ...)`` and
 ``caught_up(kube, namespace, port)`` do the same for any controller process.
@@ -229,6 +231,15 @@ class ControllerProcess:
 
     def scrape(self) -> str:
         return scrape(self.port)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def threads(self) -> int:
+        """The threads of the controller's process now."""
+        return len(os.listdir(f"/proc/{self.pid}/task"))
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` whose labels include ``labels``."""

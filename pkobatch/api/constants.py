@@ -21,6 +21,14 @@ FINALIZER: Final = "finalizer.stack.pulumi.com"
 RECONCILE_REQUEST_ANNOTATION: Final = "pulumi.com/reconciliation-request"
 MAX_STACK_NAME_LENGTH: Final = 42
 
+# spec.fluxSource: every Flux object with an artifact is in this group. The controller reads
+# each kind it accepts at one version (Flux's stable source API), whatever version a Stack
+# names, so a Stack cannot make it start a watch per version.
+FLUX_SOURCE_GROUP: Final = "source.toolkit.fluxcd.io"
+FLUX_SOURCE_VERSION: Final = "v1"
+# The kinds a controller accepts without PKOBATCH_EXTRA_FLUX_SOURCE_KINDS (docs/security.md).
+FLUX_SOURCE_KINDS: Final = ("GitRepository", "OCIRepository", "Bucket")
+
 PREFIX: Final = "pkobatch.io"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "pkobatch"

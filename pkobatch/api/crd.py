@@ -38,6 +38,7 @@ from pydantic.fields import FieldInfo
 from pkobatch.api.constants import (
     CRD_NAME,
     DEPRECATED_VERSION,
+    FLUX_SOURCE_GROUP,
     GROUP,
     KIND,
     LIST_KIND,
@@ -166,6 +167,23 @@ GIT_AUTH_RULES: Final[list[dict[str, str]]] = [
     },
 ]
 
+# Every Flux object with an artifact is in the Flux source group; which of its kinds a Stack
+# may name is a controller setting (PKOBATCH_EXTRA_FLUX_SOURCE_KINDS), checked by the
+# controller, since every controller of the cluster shares this CRD.
+FLUX_SOURCE_REF_RULES: Final[list[dict[str, str]]] = [
+    {
+        "rule": "self.apiVersion.matches('^" + FLUX_SOURCE_GROUP.replace(".", "[.]") + "/[^/]+$')",
+        "message": "spec.fluxSource.sourceRef must name a Flux source: apiVersion "
+        f"{FLUX_SOURCE_GROUP}/<version>, e.g. {FLUX_SOURCE_GROUP}/v1",
+        "fieldPath": ".apiVersion",
+    },
+    {
+        "rule": "self.kind.matches('^[A-Z][A-Za-z0-9]*$')",
+        "message": "spec.fluxSource.sourceRef.kind is not a kind name (e.g. GitRepository)",
+        "fieldPath": ".kind",
+    },
+]
+
 PRINTER_COLUMNS: Final[list[dict[str, Any]]] = [
     {"name": "Stack", "type": "string", "jsonPath": ".spec.stack", "priority": 10},
     {"name": "Last Update", "type": "string", "jsonPath": ".status.lastUpdate.state"},
@@ -284,6 +302,9 @@ def spec_schema() -> dict[str, Any]:
         canonical_schema = {k: v for k, v in properties[canonical].items() if k != "description"}
         properties[alias] = {"description": ALIAS_FIELD_DESCRIPTIONS[alias], **canonical_schema}
     properties["gitAuth"]["x-kubernetes-validations"] = copy.deepcopy(GIT_AUTH_RULES)
+    properties["fluxSource"]["properties"]["sourceRef"]["x-kubernetes-validations"] = copy.deepcopy(
+        FLUX_SOURCE_REF_RULES
+    )
     schema["x-kubernetes-validations"] = copy.deepcopy(SPEC_RULES)
     return {"description": "The desired state of the Pulumi stack.", **schema}
 

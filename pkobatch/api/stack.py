@@ -35,6 +35,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from pkobatch.api.constants import FLUX_SOURCE_GROUP
 from pkobatch.api.cron import load_time_zone
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.hints import (
@@ -178,8 +179,13 @@ class GitAuthConfig(_Model):
 
 
 class FluxSourceReference(_Model):
-    api_version: str = Field(description="e.g. source.toolkit.fluxcd.io/v1")
-    kind: str = Field(description="GitRepository, Bucket or OCIRepository.")
+    api_version: Annotated[str, CrdHint(extra={"maxLength": 253})] = Field(
+        description=f"{FLUX_SOURCE_GROUP}/<version>, e.g. {FLUX_SOURCE_GROUP}/v1"
+    )
+    kind: Annotated[str, CrdHint(extra={"maxLength": 63})] = Field(
+        description="GitRepository, Bucket or OCIRepository (or a kind the operator added: "
+        "PKOBATCH_EXTRA_FLUX_SOURCE_KINDS)."
+    )
     name: str = Field(description="Name of the Flux source, in the Stack's namespace.")
 
 
@@ -1165,11 +1171,12 @@ def validate_stack_spec(spec: StackSpec, namespace: str | None = None) -> list[s
                 )
 
     if spec.flux_source is not None:
-        group, _, version = spec.flux_source.source_ref.api_version.rpartition("/")
-        if not group or not version:
+        api_version = spec.flux_source.source_ref.api_version
+        group, _, version = api_version.rpartition("/")
+        if group != FLUX_SOURCE_GROUP or not version:
             problems.append(
-                f"spec.fluxSource.sourceRef.apiVersion {spec.flux_source.source_ref.api_version!r} "
-                "is not <group>/<version>: use e.g. source.toolkit.fluxcd.io/v1"
+                f"spec.fluxSource.sourceRef.apiVersion {api_version!r} is not a Flux source's: "
+                f"use {FLUX_SOURCE_GROUP}/<version>, e.g. {FLUX_SOURCE_GROUP}/v1"
             )
 
     if spec.git_auth is not None:

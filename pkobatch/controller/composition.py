@@ -2,9 +2,9 @@
 generic runtime (``pkobatch.runtime``).
 
 ``build_manager`` says what is watched (Stacks by the label selector and the controller's
-shard; Jobs and ConfigMaps labelled managed-by pkobatch, of the same shard; Programs; Flux
-sources on first use) and which Stack each
-watched object wakes (``pkobatch.controller.stores``).
+shard; Jobs and ConfigMaps labelled managed-by pkobatch, of the same shard; Programs; the
+Flux source kinds Stacks name, while they do) and which Stack each watched object wakes
+(``pkobatch.controller.stores``).
 """
 
 from __future__ import annotations
@@ -24,14 +24,7 @@ from pkobatch.controller.stores import (
     stacks_naming_program,
     the_stack,
 )
-from pkobatch.kube.client import (
-    CONFIGMAPS,
-    JOBS,
-    PROGRAMS,
-    STACKS,
-    Kube,
-    flux_source_resource,
-)
+from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, Kube
 from pkobatch.runtime.interfaces import Enqueuer, ObjectKey, Reconciler
 from pkobatch.runtime.manager import (
     LeaderElection,
@@ -92,7 +85,6 @@ def build_manager(
     flux_sources = OnDemandWatches(
         kube,
         [*settings.namespaces] or [None],
-        flux_source_resource,
         stacks_naming_flux_source(stores.stacks),
         queue.add,
         metrics=metrics,

@@ -27,6 +27,12 @@ Whether the Stack's Job may be created at all (``plan.run_refusal``: it builds a
 depends only on the spec, the settings and the template, so it is kept per Stack for its
 UID and ``metadata.generation`` (the API server raises the generation on every spec change)
 and asked again only when they change: a Stack is reconciled several times per run.
+
+The Flux source a Stack names (``spec.fluxSource``) is read from the watch of its kind,
+which the Stack needs only while it may run (``run_refusal`` also checks the kind against
+the kinds the controller accepts): a refused Stack, one that names no Flux source any more,
+and a deleted one release it, and a kind no Stack needs is no longer watched
+(``pkobatch.runtime.on_demand_watches``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from pkobatch.controller.fold import (
 )
 from pkobatch.controller.plan import Observed, RunCheck, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
-from pkobatch.controller.stores import StackKey, Stores
+from pkobatch.controller.stores import StackKey, Stores, flux_source_resource
 from pkobatch.kube.client import (
     CONFIGMAPS,
     CORE_EVENTS,
@@ -131,6 +137,7 @@ class Observer:
         stack = self._stores.stacks.get(key.namespace, key.name)
         if stack is None:
             self._poller.forget(key)
+            self._release_flux_source(key)
             self._run_checks.pop(key, None)
             return None
         meta = stack.get("metadata") or {}
@@ -166,8 +173,8 @@ class Observer:
 
         source = None
         run_check = self._run_check(key, stack)
-        may_poll = run_check is not None and run_check.refusal is None
-        polled = poll_key(key.namespace, spec) if may_poll else None
+        may_run = run_check is not None and run_check.refusal is None
+        polled = poll_key(key.namespace, spec) if may_run else None
         if polled is None:
             self._poller.forget(key)
         else:
@@ -195,7 +202,7 @@ class Observer:
 
         return Observed(
             stack=stack,
-            source_object=self._source_object(key.namespace, spec),
+            source_object=self._source_object(key, spec, may_run),
             jobs=list(jobs.values()),
             results=results,
             now=now,
@@ -208,25 +215,31 @@ class Observer:
             run_check=run_check,
         )
 
-    def _source_object(self, namespace: str, spec: Mapping[str, Any]) -> SourceObject | None:
+    def _source_object(
+        self, key: StackKey, spec: Mapping[str, Any], may_run: bool
+    ) -> SourceObject | None:
         """The Program (spec.programRef) or Flux source (spec.fluxSource) the Stack names,
-        from the watches (None: the Stack names neither)."""
+        from the watches (None: the Stack names neither). The watch of a Flux kind is needed
+        only by a Stack that may run (``run_refusal`` checks the kind against the
+        controller's accepted kinds): anything else releases the one it needed."""
         reference = spec.get("programRef")
         if isinstance(reference, Mapping) and reference.get("name"):
+            self._release_flux_source(key)
             name = str(reference["name"])
-            return SourceObject("Program", name, self._stores.programs.get(namespace, name))
+            return SourceObject("Program", name, self._stores.programs.get(key.namespace, name))
         flux = spec.get("fluxSource")
         ref = flux.get("sourceRef") if isinstance(flux, Mapping) else None
         watches = self._stores.flux_sources
-        if not isinstance(ref, Mapping) or not ref.get("name") or watches is None:
+        if not may_run or not isinstance(ref, Mapping) or not ref.get("name") or watches is None:
+            self._release_flux_source(key)
             return None
-        api_version, kind, name = str(ref.get("apiVersion")), str(ref.get("kind")), str(ref["name"])
-        return SourceObject(
-            kind,
-            name,
-            watches.get(api_version, kind, namespace, name),
-            watched=watches.synced(api_version, kind),
-        )
+        kind, name = str(ref.get("kind")), str(ref["name"])
+        found = watches.lookup(flux_source_resource(kind), key.namespace, name, key)
+        return SourceObject(kind, name, found.obj, watched=found.synced, error=found.error)
+
+    def _release_flux_source(self, key: StackKey) -> None:
+        if self._stores.flux_sources is not None:
+            self._stores.flux_sources.release(key)
 
     def _run_check(self, key: StackKey, stack: Mapping[str, Any]) -> RunCheck | None:
         """Whether the Stack's Job may be created (None: its spec is invalid). Only a Stack

@@ -65,6 +65,8 @@ from pkobatch.api.constants import (
     EVENT_CONFIG_INVALID,
     EVENT_UPDATE_DETECTED,
     FINALIZER,
+    FLUX_SOURCE_GROUP,
+    FLUX_SOURCE_VERSION,
     OPERATION_REQUEST_ANNOTATION,
     OPERATIONS,
     RECONCILE_REQUEST_ANNOTATION,
@@ -181,6 +183,8 @@ class SourceObject:
     obj: Mapping[str, Any] | None = None
     # False while the watch of a Flux kind has not listed yet (obj None means nothing then).
     watched: bool = True
+    # Why listing or watching the Flux kind last failed ("" when it did not).
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -883,12 +887,21 @@ class _Planner:
         what = f"{ref.kind} {ref.name}"
         source = self.obs.source_object
         if source is None or not source.watched:
-            return _Waiting(
-                f"waiting for the controller's watch of {ref.kind} ({ref.api_version}) to list "
-                "them (is Flux's CRD installed, and may the controller list it?)",
-                # The first list sends events only for sources that exist: look again.
-                recheck=WATCH_RECHECK,
+            watch = (
+                f"the controller's watch of {ref.kind} ({FLUX_SOURCE_GROUP}/{FLUX_SOURCE_VERSION})"
             )
+            if source is not None and source.error:
+                message = (
+                    f"{watch} cannot list them, retrying with backoff: {source.error} (is "
+                    "Flux's CRD installed, and may the controller list it?)"
+                )
+            else:
+                message = (
+                    f"waiting for {watch} to list them (is Flux's CRD installed, and may the "
+                    "controller list it?)"
+                )
+            # The first list sends events only for sources that exist: look again.
+            return _Waiting(message, recheck=WATCH_RECHECK)
         if source.obj is None:
             return _Waiting(
                 f"{what} does not exist in namespace {self.namespace}; the Stack runs as soon "
@@ -1368,11 +1381,22 @@ _PROBE_RUN: Final = Run(
 def run_refusal(
     stack: Mapping[str, Any], spec: StackSpec, settings: Settings, template: Mapping[str, Any]
 ) -> str | None:
-    """Why no Job of this Stack may be created (Pod Security, ServiceAccount, git transport).
+    """Why no Job of this Stack may be created (Flux source kind, Pod Security,
+    ServiceAccount, git transport).
 
     Checked before the Stack waits for its source, so a Stack that can never run is Stalled
-    at once and the branch poller never sends its credentials anywhere.
+    at once, the branch poller never sends its credentials anywhere, and no watch of a Flux
+    kind the controller does not accept is started.
     """
+    flux = spec.flux_source
+    if flux is not None and flux.source_ref.kind not in settings.flux_source_kinds:
+        kind = flux.source_ref.kind
+        return (
+            f"spec.fluxSource.sourceRef.kind {kind!r} is not a Flux source kind this controller "
+            f"reads ({', '.join(settings.flux_source_kinds)}): name one of them, or ask the "
+            f"operator to add {kind} with the controller setting "
+            f"PKOBATCH_EXTRA_FLUX_SOURCE_KINDS and to let the controller get, list and watch it"
+        )
     try:
         build_run(
             stack,

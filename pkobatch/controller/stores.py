@@ -23,10 +23,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from pkobatch.api.constants import KIND, STACK_LABEL, STACK_NAME_ANNOTATION
+from pkobatch.api.constants import (
+    FLUX_SOURCE_GROUP,
+    FLUX_SOURCE_VERSION,
+    KIND,
+    STACK_LABEL,
+    STACK_NAME_ANNOTATION,
+)
 from pkobatch.api.objects import JSON, job_finished
 from pkobatch.controller.cache import PACKING_DICTIONARY
+from pkobatch.kube.client import Resource
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
+from pkobatch.runtime.on_demand_watches import Lookup
 from pkobatch.runtime.store import Packing, Store
 
 StackKey = ObjectKey
@@ -62,12 +70,25 @@ SETTLED_RUNS: Final = Packing(settled, PACKING_DICTIONARY)
 
 
 class FluxSources(Protocol):
-    """The Flux sources Stacks name, from watches started on first use
-    (``pkobatch.runtime.on_demand_watches``)."""
+    """The Flux sources Stacks name, from watches started on first use and stopped when no
+    Stack needs them (``pkobatch.runtime.on_demand_watches``)."""
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None: ...
+    def lookup(self, resource: Resource, namespace: str, name: str, user: StackKey) -> Lookup: ...
 
-    def synced(self, api_version: str, kind: str) -> bool: ...
+    def release(self, user: StackKey) -> None: ...
+
+
+def flux_source_resource(kind: str) -> Resource:
+    """The resource of a ``spec.fluxSource.sourceRef`` kind (any Flux kind with an artifact)
+    at the version the controller reads Flux sources at, the plural as Kubernetes code
+    generators form it."""
+    lower = kind.lower()
+    plural = (
+        lower[:-1] + "ies"
+        if lower.endswith("y")
+        else lower + ("es" if lower.endswith("s") else "s")
+    )
+    return Resource(FLUX_SOURCE_GROUP, FLUX_SOURCE_VERSION, plural, kind)
 
 
 @dataclass
@@ -134,13 +155,11 @@ def stacks_naming_program(stacks: Store) -> MapFunc:
     return keys
 
 
-def stacks_naming_flux_source(stacks: Store) -> Callable[[str, str], MapFunc]:
+def stacks_naming_flux_source(stacks: Store) -> Callable[[Resource], MapFunc]:
     """For a Flux kind: a source's event wakes the Stacks of its namespace whose
     ``spec.fluxSource.sourceRef`` names it (any version of its API group)."""
 
-    def for_kind(api_version: str, kind: str) -> MapFunc:
-        group = api_version.rpartition("/")[0]
-
+    def for_kind(resource: Resource) -> MapFunc:
         def keys(source: JSON) -> Iterator[StackKey]:
             meta = source.get("metadata") or {}
             namespace, name = meta.get("namespace"), meta.get("name")
@@ -149,9 +168,9 @@ def stacks_naming_flux_source(stacks: Store) -> Callable[[str, str], MapFunc]:
                 ref = ((stack.get("spec") or {}).get("fluxSource") or {}).get("sourceRef") or {}
                 if (
                     stack_meta.get("namespace") == namespace
-                    and ref.get("kind") == kind
+                    and ref.get("kind") == resource.kind
                     and ref.get("name") == name
-                    and str(ref.get("apiVersion") or "").rpartition("/")[0] == group
+                    and str(ref.get("apiVersion") or "").rpartition("/")[0] == resource.group
                 ):
                     yield StackKey(str(namespace), str(stack_meta.get("name")))
 

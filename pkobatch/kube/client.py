@@ -77,11 +77,6 @@ class Resource:
 
 STACKS: Final = Resource("pulumi.com", "v1", "stacks", "Stack")
 PROGRAMS: Final = Resource("pulumi.com", "v1", "programs", "Program")
-# Flux sources a Stack may name in spec.fluxSource (read-only; see flux_source_resource).
-FLUX_SOURCE_GROUP: Final = "source.toolkit.fluxcd.io"
-GITREPOSITORIES: Final = Resource(FLUX_SOURCE_GROUP, "v1", "gitrepositories", "GitRepository")
-OCIREPOSITORIES: Final = Resource(FLUX_SOURCE_GROUP, "v1", "ocirepositories", "OCIRepository")
-BUCKETS: Final = Resource(FLUX_SOURCE_GROUP, "v1", "buckets", "Bucket")
 JOBS: Final = Resource("batch", "v1", "jobs", "Job")
 PODS: Final = Resource("", "v1", "pods", "Pod")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
@@ -111,19 +106,6 @@ SELF_SUBJECT_REVIEWS: Final = Resource(
     "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False
 )
 DEPLOYMENTS: Final = Resource("apps", "v1", "deployments", "Deployment")
-
-
-def flux_source_resource(api_version: str, kind: str) -> Resource:
-    """The resource of a ``spec.fluxSource.sourceRef`` (any Flux kind with an artifact):
-    the version the Stack names, the plural as Kubernetes code generators form it."""
-    group, _, version = api_version.rpartition("/")
-    lower = kind.lower()
-    plural = (
-        lower[:-1] + "ies"
-        if lower.endswith("y")
-        else lower + ("es" if lower.endswith("s") else "s")
-    )
-    return Resource(group, version, plural, kind)
 
 
 _BY_KIND: Final = {

@@ -12,7 +12,8 @@ The loop, and why each step is there:
 3. The server closing the watch normally → watch again from the last resourceVersion.
    ``410 Gone`` (an ERROR event or the response status) → list again. Any other failure →
    watch again after an exponential, jittered backoff; after ``RELIST_AFTER_FAILURES`` in a
-   row, list again.
+   row, list again. ``error`` says why the last attempt failed until a list succeeds (a
+   kind the server does not serve, or the controller may not list, keeps failing).
 
 Every object is passed through ``transform`` before it is stored (controller-runtime's
 cache ``TransformFunc``; by default ``store.slim``): a controller caches only what it reads.
@@ -98,6 +99,8 @@ class Reflector:
         self.synced = threading.Event()
         self.resource_version = ""
         self.lists = 0
+        # Why the last list or watch failed ("" once a list succeeds after it).
+        self.error = ""
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._stream: Any = None
@@ -150,9 +153,8 @@ class Reflector:
                     )
                 elif isinstance(exc, Forbidden):
                     hint = " (check the controller's RBAC: deploy/kustomize)"
-                log.warning(
-                    "%s: %s failed: %s%s", self.name, "list" if need_list else "watch", exc, hint
-                )
+                self.error = f"{'list' if need_list else 'watch'} failed: {exc}{hint}"
+                log.warning("%s: %s", self.name, self.error)
             except Exception:
                 if self._stopped.is_set():
                     return
@@ -183,6 +185,7 @@ class Reflector:
         self.resource_version = resource_version
         report = self._on_change if self.synced.is_set() else self._on_initial_list
         self.lists += 1
+        self.error = ""
         log.debug("%s: listed %d objects at %s", self.name, len(entries), resource_version)
         for old, new in changed:
             report(old, new)

@@ -33,6 +33,7 @@ from controller_harness import (
 
 from pkobatch.api.constants import STACK_LABEL
 from pkobatch.controller.jobs import Run
+from pkobatch.controller.stores import flux_source_resource
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -45,7 +46,6 @@ from pkobatch.kube.client import (
     SECRETS,
     STACKS,
     Kube,
-    flux_source_resource,
 )
 
 JSON = dict[str, Any]
@@ -154,7 +154,7 @@ def test_github_app_clones_through_the_token_exchange_and_never_shows_a_credenti
 
 # -- spec.fluxSource with Flux's real source-controller -----------------------------------
 
-GITREPOSITORIES = flux_source_resource("source.toolkit.fluxcd.io/v1", "GitRepository")
+GITREPOSITORIES = flux_source_resource("GitRepository")
 FLUX_PROGRAM = """name: flux-app
 runtime: yaml
 config:

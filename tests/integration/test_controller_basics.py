@@ -673,38 +673,6 @@ def test_github_app_branch_polling_exchanges_a_token_and_never_shows_a_credentia
     assert leaked == [] and "eyJhbGciOiJSUzI1NiIs" not in seen
 
 
-def test_a_flux_source_of_a_kind_without_its_crd_waits_and_other_stacks_are_unaffected(
-    controller: ControllerProcess, kube: Kube, namespace: str
-) -> None:
-    """Flux kinds are watched only once named: an uninstalled kind leaves the Stack waiting
-    (Reconciling, no failure) and the controller ready."""
-    spec = {
-        "stack": "dev",
-        "fluxSource": {
-            "sourceRef": {"apiVersion": "example.invalid/v1", "kind": "Gadget", "name": "g"}
-        },
-    }
-    apply_stack(kube, namespace, "from-gadget", spec)
-    stack = wait_stack(
-        kube,
-        namespace,
-        "from-gadget",
-        lambda s: condition(s, "Reconciling").get("reason") == "WaitingForSource",
-        timeout=60,
-    )
-    assert "watch of Gadget (example.invalid/v1)" in condition(stack, "Reconciling")["message"]
-    assert "lastUpdate" not in stack["status"]
-    apply_stack(kube, namespace, "invalid", {"stack": "dev", "envRefs": {"X": {"type": "Env"}}})
-    wait_stack(
-        kube,
-        namespace,
-        "invalid",
-        lambda s: condition(s, "Stalled").get("reason") == "SpecInvalid",
-        timeout=60,
-    )
-    assert "gadgets.example.invalid" in controller.log_text()
-
-
 def test_a_missing_flux_source_is_named_once_its_kind_is_watched(
     controller: ControllerProcess, kube: Kube, namespace: str, flux_crds: Path
 ) -> None:

@@ -309,6 +309,18 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     ("empty git auth", {"gitAuth": {}}, ["spec.gitAuth has no method: set one of accessToken"]),
     (
+        "a Flux source of another group",
+        {
+            "projectRepo": None,
+            "branch": None,
+            "fluxSource": {"sourceRef": {"apiVersion": "example.com/v1", "kind": "K", "name": "x"}},
+        },
+        [
+            "spec.fluxSource.sourceRef.apiVersion 'example.com/v1' is not a Flux source's: use "
+            "source.toolkit.fluxcd.io/<version>"
+        ],
+    ),
+    (
         "Env ref",
         {"envRefs": {"TOKEN": {"type": "Env", "env": {"name": "TOKEN"}}}},
         ["spec.envRefs.TOKEN: type Env is deprecated", "use type Secret", "type Literal"],

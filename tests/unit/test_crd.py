@@ -12,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from pkobatch.api.crd import (
+    FLUX_SOURCE_REF_RULES,
     GIT_AUTH_RULES,
     NAME_LENGTH_RULE,
     PRINTER_COLUMNS,
@@ -147,6 +148,23 @@ def test_cel_rules() -> None:
             for step in field_path.removeprefix(".").split("."):
                 assert step in node.get("properties", {}), field_path
                 node = node["properties"][step]
+
+
+def test_flux_source_refs_name_a_kind_of_the_flux_source_group() -> None:
+    """The rules on spec.fluxSource.sourceRef match regular expressions: they run only on
+    strings of bounded length, so their cost stays bounded."""
+    source_ref = v1_schema()["properties"]["spec"]["properties"]["fluxSource"]["properties"][
+        "sourceRef"
+    ]
+    assert source_ref["x-kubernetes-validations"] == FLUX_SOURCE_REF_RULES
+    assert source_ref["properties"]["apiVersion"]["maxLength"] == 253
+    assert source_ref["properties"]["kind"]["maxLength"] == 63
+    for rule in FLUX_SOURCE_REF_RULES:
+        assert set(re.findall(r"([A-Za-z_]+)\(", rule["rule"])) == {"matches"}
+    assert (
+        "self.apiVersion.matches('^source[.]toolkit[.]fluxcd[.]io/[^/]+$')"
+        in (FLUX_SOURCE_REF_RULES[0]["rule"])
+    )
 
 
 def test_names_versions_and_columns_match_pko() -> None:

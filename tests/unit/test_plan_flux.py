@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
 from test_plan import World  # the unit tier's Stack world
 from test_plan_program import snapshot_of
 
-from pkobatch.controller.plan import SourceObject
+from pkobatch.api.stack import StackSpec
+from pkobatch.config import Settings
+from pkobatch.controller.plan import SourceObject, run_refusal
 
 FLUX_SPEC: dict[str, Any] = {
     "stack": "dev",
@@ -87,3 +92,56 @@ def test_a_new_artifact_revision_runs_once() -> None:
     w.settle()
     assert w.status["lastUpdate"]["lastSuccessfulCommit"] == second
     assert w.step().create_job is None
+
+
+def named_kind(kind: str, settings: Settings | None = None) -> World:
+    spec = copy.deepcopy(FLUX_SPEC)
+    spec["fluxSource"]["sourceRef"]["kind"] = kind
+    w = World(spec, head=None, settings=settings)
+    w.source = None
+    return w
+
+
+def test_a_kind_the_controller_does_not_read_is_spec_invalid_naming_the_setting() -> None:
+    w = named_kind("HelmChart")
+    result = w.step()
+    assert result.create_job is None
+    stalled = w.condition("Stalled")
+    assert stalled is not None and stalled["reason"] == "SpecInvalid"
+    assert "'HelmChart' is not a Flux source kind this controller reads" in stalled["message"]
+    assert "(GitRepository, OCIRepository, Bucket)" in stalled["message"]
+    assert "PKOBATCH_EXTRA_FLUX_SOURCE_KINDS" in stalled["message"]
+    assert run_refusal(w.stack, StackSpec.model_validate(w.stack["spec"]), w.settings, {})
+
+
+def test_an_added_kind_is_read_like_the_built_in_ones() -> None:
+    w = named_kind("HelmChart", Settings(extra_flux_source_kinds=["HelmChart"]))
+    chart = repository("1.2.3@sha256:" + "b" * 64)
+    chart["kind"] = "HelmChart"
+    w.source_object = SourceObject("HelmChart", "repo", chart)
+    result = w.step()
+    assert result.create_job is not None
+    flux = snapshot_of(result.create_job).flux
+    assert flux is not None and flux.revision == "1.2.3@sha256:" + "b" * 64
+
+
+def test_a_kind_the_controller_cannot_list_waits_with_the_api_servers_answer() -> None:
+    error = "list failed: 404 NotFound: the server could not find the requested resource"
+    w = world(SourceObject("GitRepository", "repo", None, watched=False, error=error))
+    result = w.step()
+    assert result.create_job is None and result.requeue_after is not None
+    reconciling = w.condition("Reconciling")
+    assert reconciling is not None and reconciling["reason"] == "WaitingForSource"
+    assert (
+        "watch of GitRepository (source.toolkit.fluxcd.io/v1) cannot list them"
+        in (reconciling["message"])
+    )
+    assert error in reconciling["message"]
+    assert w.condition("Stalled") is None
+
+
+def test_extra_kinds_must_be_kind_names() -> None:
+    with pytest.raises(ValidationError, match="'helmcharts': not a kind name"):
+        Settings(extra_flux_source_kinds=["helmcharts"])
+    settings = Settings(extra_flux_source_kinds=["HelmChart", "GitRepository"])
+    assert settings.flux_source_kinds == ("GitRepository", "OCIRepository", "Bucket", "HelmChart")
