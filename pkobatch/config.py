@@ -8,6 +8,7 @@ actually gave as keyword arguments to ``load_settings``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -22,6 +23,15 @@ from pkobatch.api.durations import parse_duration
 # A shard name is part of its Lease name and of its Deployment name in deploy/
 # (pkobatch-controller-<shard>, which must stay a DNS label: at most 63 characters).
 SHARD_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")
+# RFC 1918, shared address space (RFC 6598) and IPv6 unique local addresses: where a
+# cluster's services, pods and nodes usually are (PKOBATCH_NOTIFICATIONS__DENIED_CIDRS).
+PRIVATE_NETWORKS: Final = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+)
 # A Kubernetes kind: the CRD's rule on spec.fluxSource.sourceRef.kind is the same.
 KIND_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 
@@ -113,6 +123,33 @@ class NotificationSettings(BaseModel):
     senders: int = Field(
         default=4, ge=1, le=64, description="deliveries in flight at once (threads)"
     )
+    denied_cidrs: CommaList = Field(
+        default_factory=lambda: list(PRIVATE_NETWORKS),
+        description="address ranges no notification is sent to: the cluster's own service, "
+        "pod and node ranges (default: every private range); loopback, link-local, "
+        "unspecified, multicast and reserved addresses are refused besides these",
+    )
+    allowed_cidrs: CommaList = Field(
+        default_factory=list,
+        description="address ranges notifications may be sent to although refused otherwise "
+        "(internal receivers, e.g. 10.20.0.0/16; docs/security.md)",
+    )
+
+    @field_validator("denied_cidrs", "allowed_cidrs")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        wrong = []
+        for text in value:
+            try:
+                ipaddress.ip_network(text)
+            except ValueError:
+                wrong.append(text)
+        if wrong:
+            raise ValueError(
+                f"{', '.join(map(repr, wrong))}: not an address range (CIDR, e.g. 10.0.0.0/8 "
+                "or fd00::/8, with no host bits set)"
+            )
+        return value
 
 
 class LeaderElectionSettings(BaseModel):

@@ -13,6 +13,8 @@ its fixtures and what they give; ``pytest --fixtures`` shows where each is defin
 ``fixture_plugins/git.py``      ``git_server``, ``git_repo``, ``program_dir``, ``github_app``
                                 and the test programs of ``tests/fixtures/programs``
 ``fixture_plugins/pulumi.py``   ``pulumi_env``: the offline Pulumi environment
+``fixture_plugins/receivers.py`` ``receivers_on_loopback``, ``hanging``: webhook receivers for
+                                notification tests
 ``fixture_plugins/tools.py``    ``pulumi_bin``, ``yaml_host``, ``kubernetes_provider``,
                                 ``all_tools``, ``health_tools``, ``helm_bin``, ``promtool_bin``,
                                 ``prometheus_operator_crds``: built binaries, or fail (CI) /
@@ -35,6 +37,7 @@ pytest_plugins = [
     "fixture_plugins.cluster",
     "fixture_plugins.git",
     "fixture_plugins.pulumi",
+    "fixture_plugins.receivers",
 ]
 
 TESTS = Path(__file__).resolve().parent

@@ -11,8 +11,8 @@ returns a factory writing that SA's kubeconfig.
 
 ``ControllerProcess``: start/kill/restart the controller for one namespace (``env`` overrides
 its settings, e.g. ``PKOBATCH_JOB__COMMAND``; by default it may send git credentials over
-plain http to 127.0.0.1, where the tests' git server is); ``pid`` and ``threads()`` of its
-process; ``metric(name, **labels)`` reads its Prometheus
+plain http and notifications to 127.0.0.1, where the tests' servers are); ``pid`` and
+``threads()`` of its process; ``metric(name, **labels)`` reads its Prometheus
 endpoint; ``log_text()`` its output; ``caught_up()`` waits until it has reconciled every
 change made so far (to check that a change led to nothing). ``metric(port, ...)`` and
 ``caught_up(kube, namespace, port)`` do the same for any controller process.
@@ -64,6 +64,7 @@ CONTROLLER_SA = "pkobatch-controller"
 JSON = dict[str, Any]
 INSECURE_HTTP_GIT_HOSTS = "PKOBATCH_INSECURE_HTTP_GIT_HOSTS"
 LOOPBACK_GIT_HOST = "127.0.0.1"
+NOTIFICATIONS_ALLOWED_CIDRS = "PKOBATCH_NOTIFICATIONS__ALLOWED_CIDRS"
 VALIDATING_ADMISSION_POLICIES = Resource(
     "admissionregistration.k8s.io",
     "v1",
@@ -199,6 +200,9 @@ class ControllerProcess:
             # The tests' git server (tests/fixture_plugins/git.py) serves plain http on
             # loopback; the controller sends credentials there only because of this opt-in.
             INSECURE_HTTP_GIT_HOSTS: LOOPBACK_GIT_HOST,
+            # The tests' webhook receivers (tests/fixture_plugins/receivers.py) listen on
+            # loopback, where notifications go only because of this opt-in.
+            NOTIFICATIONS_ALLOWED_CIDRS: "127.0.0.1/32",
         }
         env = self.cluster.env(**{**settings, **self.extra_env})
         env.pop("KUBECONFIG", None)

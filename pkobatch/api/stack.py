@@ -853,6 +853,11 @@ class PendingNotification(_Model):
     receivers: dict[str, str] = Field(
         description="Receiver name -> type, for the receivers still to be sent to."
     )
+    attempts: dict[str, int] | None = Field(
+        default=None,
+        description="Receiver name -> failed attempts so far (a restarted controller goes on "
+        "counting).",
+    )
 
 
 class NotificationsStatus(_Model):

@@ -15,6 +15,14 @@ Secret values (the URL, the signing key) are read at delivery time and never lea
 module: logs, Events and metrics name the receiver and its Secret, and every error text is
 scrubbed of both values before it is used.
 
+Each attempt resolves the receiver's host, judges every address
+(``notify.destination_refusal``) and connects to the first one allowed — that address, not
+a second resolution of the name, so a name that resolves differently the next time (DNS
+rebinding) cannot lead the request elsewhere. Requests go straight to the receiver (no
+proxy from the environment: it would connect wherever the name leads) and are never
+redirected. Why an attempt failed goes to the controller's log; the ``NotificationFailed``
+Event gives the Stack's author only a generic reason (``DeliveryFailed.public``).
+
 The namespace default is the ConfigMap labelled ``pkobatch.io/notifications=default`` in the
 Stack's namespace, watched by a reflector of its own (only those ConfigMaps).
 """
@@ -23,12 +31,15 @@ from __future__ import annotations
 
 import base64
 import heapq
+import http.client
+import ipaddress
 import itertools
 import logging
+import socket
+import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,9 +60,13 @@ from pkobatch.controller.notify import (
     SIGNATURE_HEADER,
     SIGNING_KEY_KEY,
     URL_KEY,
+    Network,
     Receiver,
+    attempts_made,
+    attempts_patch,
     delivered_patch,
     delivery_id,
+    destination_refusal,
     namespace_default,
     occurrences,
     pending_of,
@@ -153,19 +168,49 @@ class _Queued:
     attempt: int = field(compare=False, default=1)
 
 
-class DeliveryFailed(Exception):
-    """An attempt that got no usable answer; ``status`` is the HTTP status when there was one."""
+# What a NotificationFailed Event says about a delivery that failed for a reason outside the
+# Stack's own configuration: nothing about what answered, or whether anything did.
+GENERIC_FAILURE: Final = "delivery failed"
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+
+class DeliveryFailed(Exception):
+    """An attempt that got no usable answer: the message (free of secret values) is for the
+    controller's log; ``public`` is all a Stack's Event says; ``status`` is the HTTP status
+    when there was one."""
+
+    def __init__(
+        self, message: str, status: int | None = None, public: str = GENERIC_FAILURE
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.public = public
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer (3xx), never a second request with or without the body."""
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """HTTP to ``host`` (its Host header), connected to the checked ``address``."""
 
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to ``host`` (its Host header, SNI and certificate name), connected to the
+    checked ``address``."""
+
+    def __init__(
+        self, host: str, port: int, address: str, timeout: float, tls: ssl.SSLContext
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=tls)
+        self.address = address
+        self.tls = tls
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
 
 
 def _snapshot(stack: Mapping[str, Any]) -> JSON:
@@ -226,7 +271,9 @@ class Notifier:
             )
             for namespace in namespaces
         ]
-        self._opener = urllib.request.build_opener(_NoRedirect())
+        self._denied: list[Network] = [ipaddress.ip_network(n) for n in settings.denied_cidrs]
+        self._allowed: list[Network] = [ipaddress.ip_network(n) for n in settings.allowed_cidrs]
+        self._tls = ssl.create_default_context()
 
     # -- Service -----------------------------------------------------------------------------
 
@@ -307,12 +354,16 @@ class Notifier:
                 # the attempt gives up at once and says so.
                 receiver = receiver_named(config, name) or Receiver(name, receiver_type, "")
                 delivery = Delivery(snapshot, event_id, entry, receiver, durable)
+                # After a restart: the attempt after those the entry records.
+                attempt = attempts_made(entry, name) + 1
                 with self._cond:
                     if delivery.key in self._remembered:
                         continue
                     self._remember(delivery.key)
                     self._remaining.setdefault((uid, event_id), set()).add(name)
-                    heapq.heappush(self._heap, _Queued(self._clock(), next(self._seq), delivery))
+                    heapq.heappush(
+                        self._heap, _Queued(self._clock(), next(self._seq), delivery, attempt)
+                    )
                     self._cond.notify()
 
     # -- sender threads ---------------------------------------------------------------------
@@ -359,16 +410,22 @@ class Notifier:
     def _attempt(self, item: _Queued) -> None:
         delivery = item.delivery
         receiver, event = delivery.receiver, str(delivery.entry.get("event") or "")
+        most = self._settings.max_attempts
         if not receiver.secret:
-            self._give_up(delivery, f"receiver {receiver.name} is no longer configured")
+            why = "the receiver is no longer configured"
+            self._give_up(delivery, why, why)
+            return
+        if item.attempt > most:
+            # A controller that stopped between the last attempt and giving up.
+            why = f"{GENERIC_FAILURE} (attempt {most} of {most})"
+            self._give_up(delivery, f"all {most} attempts were made before a restart", why)
             return
         try:
             self._send(delivery)
         except DeliveryFailed as exc:
-            if verdict(exc.status) == "failed" or item.attempt >= self._settings.max_attempts:
-                self._give_up(
-                    delivery, f"{exc} (attempt {item.attempt} of {self._settings.max_attempts})"
-                )
+            if verdict(exc.status) == "failed" or item.attempt >= most:
+                progress = f"(attempt {item.attempt} of {most})"
+                self._give_up(delivery, f"{exc} {progress}", f"{exc.public} {progress}")
                 return
             self.metrics.retried.labels(receiver.type, event).inc()
             delay = retry_delay(
@@ -377,13 +434,23 @@ class Notifier:
                 self._settings.backoff_cap.total_seconds(),
             )
             log.info(
-                "notification %s of stack %s to receiver %s: %s; retrying in %.0fs",
+                "notification %s of stack %s to receiver %s: %s (attempt %d of %d); retrying "
+                "in %.0fs",
                 delivery.event_id,
                 _name(delivery.stack),
                 receiver.name,
                 exc,
+                item.attempt,
+                most,
                 delay,
             )
+            if delivery.durable:
+                self._write_pending(
+                    delivery,
+                    attempts_patch(delivery.event_id, receiver.name, item.attempt),
+                    "record a failed attempt of",
+                    tries=1,
+                )
             with self._cond:
                 heapq.heappush(
                     self._heap,
@@ -400,30 +467,45 @@ class Notifier:
         )
         self._done(delivery)
 
-    def _give_up(self, delivery: Delivery, why: str) -> None:
+    def _give_up(self, delivery: Delivery, why: str, public: str) -> None:
+        """``why`` goes to the controller's log, ``public`` to the Stack's Event."""
         receiver = delivery.receiver
         self.metrics.failed.labels(receiver.type, str(delivery.entry.get("event") or "")).inc()
-        message = f"notification {delivery.event_id} to receiver {receiver.name} failed: {why}"
-        log.warning("stack %s: %s", _name(delivery.stack), message)
-        self._events.post(delivery.stack, "Warning", EVENT_NOTIFICATION_FAILED, message)
+        failed = f"notification {delivery.event_id} to receiver {receiver.name} failed"
+        log.warning("stack %s: %s: %s", _name(delivery.stack), failed, why)
+        self._events.post(
+            delivery.stack, "Warning", EVENT_NOTIFICATION_FAILED, f"{failed}: {public}"
+        )
         self._done(delivery)
 
     def _send(self, delivery: Delivery) -> None:
         """One attempt; raises ``DeliveryFailed`` with a text free of secret values."""
         receiver = delivery.receiver
         namespace = str(delivery.stack["metadata"]["namespace"])
+        unusable = f"its Secret {receiver.secret} is missing, unreadable or holds no usable url"
         try:
             secret = self._kube.get(SECRETS, receiver.secret, namespace)
         except NotFound:
-            raise DeliveryFailed(f"Secret {receiver.secret} does not exist") from None
+            raise DeliveryFailed(
+                f"Secret {receiver.secret} does not exist", public=unusable
+            ) from None
         except KubeError as exc:
-            raise DeliveryFailed(f"cannot read Secret {receiver.secret}: {exc.reason}") from None
+            raise DeliveryFailed(
+                f"cannot read Secret {receiver.secret}: {exc.reason}", public=unusable
+            ) from None
         data = secret.get("data") or {}
         url = _decoded(data.get(URL_KEY)).strip()
         key = _decoded(data.get(SIGNING_KEY_KEY))
-        if not url.startswith(("https://", "http://")):
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            parts, port = urllib.parse.urlsplit(""), 0
+        if parts.scheme not in ("https", "http") or not parts.hostname or parts.username:
             raise DeliveryFailed(
-                f"key {URL_KEY} of Secret {receiver.secret} must hold an http(s) URL"
+                f"key {URL_KEY} of Secret {receiver.secret} must hold an http(s) URL without "
+                "user info",
+                public=unusable,
             )
         ident = delivery_id(delivery.stack, delivery.event_id)
         event = str(delivery.entry.get("event") or "")
@@ -439,17 +521,45 @@ class Notifier:
             body = webhook_body(delivery.stack, delivery.event_id, delivery.entry, ident)
             if key:
                 headers[SIGNATURE_HEADER] = signature(key.encode(), body)
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        target = parts.path or "/"
+        if parts.query:
+            target += f"?{parts.query}"
+        address = self._destination(parts.hostname, port)
+        timeout = self._settings.timeout.total_seconds()
+        connection: http.client.HTTPConnection = (
+            _PinnedHTTPSConnection(parts.hostname, port, address, timeout, self._tls)
+            if parts.scheme == "https"
+            else _PinnedHTTPConnection(parts.hostname, port, address, timeout)
+        )
         try:
-            with self._opener.open(request, timeout=self._settings.timeout.total_seconds()) as r:
-                status = int(r.status)
-        except urllib.error.HTTPError as exc:
-            status = int(exc.code)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise DeliveryFailed(_scrubbed(f"no answer: {reason}", url, key)) from None
+            connection.request("POST", target, body=body, headers=headers)
+            status = connection.getresponse().status
+        except (OSError, http.client.HTTPException) as exc:
+            raise DeliveryFailed(_scrubbed(f"no answer from {address}: {exc}", url, key)) from None
+        finally:
+            connection.close()
         if verdict(status) != "sent":
-            raise DeliveryFailed(f"answered HTTP {status}", status)
+            raise DeliveryFailed(f"{address} answered HTTP {status}", status)
+
+    def _destination(self, host: str, port: int) -> str:
+        """The first address ``host`` resolves to that notifications may go to; a refused or
+        unresolvable host fails like one that does not answer (a retry). The log names
+        addresses only: the host is part of the receiver's secret URL."""
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise DeliveryFailed(f"the receiver's host does not resolve: {exc}") from None
+        refusals = []
+        for *_, sockaddr in found:
+            address = str(sockaddr[0])
+            refusal = destination_refusal(address, self._denied, self._allowed)
+            if refusal is None:
+                return address
+            refusals.append(refusal)
+        raise DeliveryFailed(
+            f"destination refused: {'; '.join(dict.fromkeys(refusals))} (an operator may allow "
+            "a range with PKOBATCH_NOTIFICATIONS__ALLOWED_CIDRS)"
+        )
 
     def _done(self, delivery: Delivery) -> None:
         uid, event_id, name = delivery.key
@@ -460,13 +570,15 @@ class Notifier:
             if not remaining:
                 self._remaining.pop((uid, event_id), None)
         if delivery.durable:
-            self._record(delivery, left)
+            patch = delivered_patch(delivery.event_id, delivery.receiver.name, left)
+            self._write_pending(delivery, patch, "record as done")
 
-    def _record(self, delivery: Delivery, left: int) -> None:
-        """Remove the receiver (and the entry when it was the last) from the pending list."""
+    def _write_pending(
+        self, delivery: Delivery, patch: JSON, what: str, tries: int = STATUS_WRITE_ATTEMPTS
+    ) -> None:
+        """Merge ``patch`` into the Stack's pending list (status subresource)."""
         meta = delivery.stack["metadata"]
-        patch = delivered_patch(delivery.event_id, delivery.receiver.name, left)
-        for attempt in range(1, STATUS_WRITE_ATTEMPTS + 1):
+        for attempt in range(1, tries + 1):
             try:
                 self._kube.merge_patch(
                     STACKS,
@@ -480,10 +592,11 @@ class Notifier:
             except NotFound:
                 return
             except KubeError as exc:
-                if attempt == STATUS_WRITE_ATTEMPTS:
+                if attempt == tries:
                     log.warning(
-                        "stack %s: cannot record notification %s as done: %s",
+                        "stack %s: cannot %s notification %s: %s",
                         _name(delivery.stack),
+                        what,
                         delivery.event_id,
                         exc,
                     )

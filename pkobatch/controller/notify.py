@@ -19,7 +19,18 @@ after its last retry), and the entry once no receiver is left. A restarted contr
 the entries still pending and sends them; an entry delivered before the restart is gone, so
 it is not sent again. The one window left is a crash between a receiver's ``2xx`` and the
 status write that records it: that message is sent again, with the same
-``X-Pkobatch-Delivery`` id, so a receiver can drop the repeat.
+``X-Pkobatch-Delivery`` id, so a receiver can drop the repeat. Each failed attempt that will
+be retried is recorded in the entry too (``attempts``), so a restarted controller goes on
+counting towards the last attempt instead of starting again.
+
+**Destinations are checked, and failures are not explained to the Stack's author.** Every
+address a receiver's host resolves to is judged by ``destination_refusal`` (loopback,
+link-local and the like always, the denied ranges by setting, the allowed ranges first);
+the shell connects only to an address it judged. A refused destination is handled like one
+where nothing answers (retried, then given up), so the two cannot be told apart, and the
+``NotificationFailed`` Event names only the receiver and a generic reason (the details go to
+the controller's log): a Stack's author learns nothing about what the controller's network
+position can reach.
 
 A Stack being deleted is released in the reconcile that folds its destroy, so its status is
 never written again: its ``destroyed`` event is delivered from memory only.
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +75,20 @@ MAX_PENDING: Final = 20
 MAX_SUMMARY_CHARS: Final = 1024
 
 Verdict = Literal["sent", "retry", "failed"]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Addresses no notification goes to whatever PKOBATCH_NOTIFICATIONS__DENIED_CIDRS says (the
+# controller's own ports, the node's services, cloud metadata endpoints), unless
+# PKOBATCH_NOTIFICATIONS__ALLOWED_CIDRS names them.
+ALWAYS_REFUSED: Final[tuple[tuple[str, tuple[Network, ...]], ...]] = tuple(
+    (what, tuple(ipaddress.ip_network(n) for n in networks))
+    for what, networks in (
+        ("a loopback address", ("127.0.0.0/8", "::1/128")),
+        ("a link-local address", ("169.254.0.0/16", "fe80::/10")),
+        ("an unspecified address", ("0.0.0.0/8", "::/128")),
+        ("a multicast address", ("224.0.0.0/4", "ff00::/8")),
+        ("a reserved address", ("240.0.0.0/4",)),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -333,8 +359,24 @@ def pending_of(status: Mapping[str, Any]) -> dict[str, JSON]:
 def delivered_patch(event_id: str, receiver: str, remaining: int) -> JSON:
     """The status merge patch after ``receiver`` is done with ``event_id``: the whole entry
     goes when ``remaining`` (receivers still to do) is 0."""
-    entry: Any = None if remaining == 0 else {"receivers": {receiver: None}}
+    entry: Any = (
+        None if remaining == 0 else {"receivers": {receiver: None}, "attempts": {receiver: None}}
+    )
     return {"status": {"notifications": {"pending": {event_id: entry}}}}
+
+
+def attempts_patch(event_id: str, receiver: str, attempts: int) -> JSON:
+    """The status merge patch recording ``attempts`` failed attempts to ``receiver``, so a
+    restarted controller goes on counting. Should the entry be gone meanwhile, the API server
+    refuses the patch (it would create an entry without its required fields)."""
+    entry = {"attempts": {receiver: attempts}}
+    return {"status": {"notifications": {"pending": {event_id: entry}}}}
+
+
+def attempts_made(entry: Mapping[str, Any], receiver: str) -> int:
+    """The failed attempts to ``receiver`` an entry records (0: none yet)."""
+    value = (entry.get("attempts") or {}).get(receiver)
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 # -- what is sent --------------------------------------------------------------------------
@@ -402,6 +444,25 @@ def verdict(status_code: int | None) -> Verdict:
     if status_code in (408, 429) or status_code >= 500:
         return "retry"
     return "failed"
+
+
+def destination_refusal(
+    address: str, denied: Sequence[Network], allowed: Sequence[Network]
+) -> str | None:
+    """Why no notification may be sent to ``address`` (an IP address a receiver's host
+    resolved to; None: it may). ``allowed`` wins over everything else."""
+    ip = ipaddress.ip_address(address.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if any(ip in network for network in allowed):
+        return None
+    for what, networks in ALWAYS_REFUSED:
+        if any(ip in network for network in networks):
+            return f"{ip} is {what}"
+    for network in denied:
+        if ip in network:
+            return f"{ip} is in {network}, a range of PKOBATCH_NOTIFICATIONS__DENIED_CIDRS"
+    return None
 
 
 def retry_delay(attempt: int, base: float, cap: float) -> float:

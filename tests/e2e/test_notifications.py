@@ -13,29 +13,30 @@ URLs and the signing key are sentinels: they appear in no body, status, Event or
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
-import socket
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
     condition,
-    create_secret,
     free_port,
     ready,
     stack_spec,
     wait_stack,
+)
+from fixture_plugins.receivers import (
+    HELD,
+    HangingServer,
+    Receiver,
+    hook_secret,
+    pending,
+    receivers,
 )
 from sentinels import plant
 from test_program_runtimes import PROGRAM_RULES, grant_program_rules, kubernetes_spec
@@ -44,145 +45,6 @@ from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, EVENTS, STACKS, Kube
 
 JSON = dict[str, Any]
-
-
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
-    answered: int
-
-
-HELD = 0  # ``Received.answered`` of a request held without an answer
-
-
-@dataclass
-class Receiver:
-    """A webhook receiver on loopback that records every request and its answer. While
-    ``holding`` is set it answers nothing until ``release`` is set."""
-
-    received: list[Received] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    holding: threading.Event = field(default_factory=threading.Event)
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def accepted(self) -> list[JSON]:
-        with self.lock:
-            return [json.loads(r.body) for r in self.received if r.answered == 200]
-
-    def requests(self) -> list[Received]:
-        with self.lock:
-            return list(self.received)
-
-
-def serve(receiver: Receiver) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            held = receiver.holding.is_set()
-            with receiver.lock:
-                receiver.received.append(
-                    Received(dict(self.headers.items()), body, HELD if held else 200)
-                )
-            if held:
-                receiver.release.wait(600)
-            self.send_response(503 if held else 200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-class HangingServer:
-    """Accepts connections and never answers them."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = int(self.sock.getsockname()[1])
-        self.held: list[socket.socket] = []
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.settimeout(5)
-            with contextlib.suppress(OSError):
-                conn.recv(65536)  # the request; it is never answered
-            conn.setblocking(False)
-            self.held.append(conn)
-
-    def open_requests(self) -> int:
-        """Requests whose sender still waits for an answer (the connection is open)."""
-        return sum(1 for conn in list(self.held) if _open(conn))
-
-    def close(self) -> None:
-        self._stop = True
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
-def _open(conn: socket.socket) -> bool:
-    """Whether the peer still holds ``conn``: read what it sent until it would block (open)
-    or the end of the stream (closed)."""
-    while True:
-        try:
-            if conn.recv(65536) == b"":
-                return False
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-
-
-@pytest.fixture
-def receivers_on_loopback() -> Iterator[Callable[[], tuple[Receiver, int]]]:
-    """``start()`` -> (receiver, port): a recording webhook receiver, shut down after the test."""
-    servers: list[ThreadingHTTPServer] = []
-
-    def start() -> tuple[Receiver, int]:
-        state = Receiver()
-        servers.append(serve(state))
-        return state, int(servers[-1].server_address[1])
-
-    yield start
-    for server in servers:
-        server.shutdown()
-
-
-@pytest.fixture
-def hanging() -> Iterator[HangingServer]:
-    server = HangingServer()
-    yield server
-    server.close()
-
-
-def hook_secret(kube: Kube, namespace: str, name: str, url: str, key: str = "") -> None:
-    create_secret(kube, namespace, name, {"url": url, **({"signingKey": key} if key else {})})
-
-
-def receivers(*names: str) -> JSON:
-    return {
-        "receivers": [
-            {"name": name, "type": "webhook", "secretRef": {"name": f"{name}-hook"}}
-            for name in names
-        ]
-    }
-
-
-def pending(stack: JSON) -> JSON:
-    return dict(((stack.get("status") or {}).get("notifications") or {}).get("pending") or {})
 
 
 def events_of(messages: list[JSON], stack: str) -> list[str]:
@@ -282,7 +144,9 @@ def test_each_event_reaches_its_receiver_once_signed_across_a_restart(
         assert pending(stalled), "other's events stay pending while its receivers are down"
         wait_until(
             lambda: any(
-                e["reason"] == "NotificationFailed" and "receiver refused" in e.get("note", "")
+                e["reason"] == "NotificationFailed"
+                and "to receiver refused failed: delivery failed (attempt 3 of 3)"
+                in e.get("note", "")
                 for e in kube.list_objects(EVENTS, namespace)[0]
             ),
             timeout=120,

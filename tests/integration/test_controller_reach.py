@@ -1,6 +1,7 @@
 """What a Stack's author can make the controller reach, on the real control plane and the
 real controller process (docs/security.md): Flux source watches stay bounded by the kinds
-the operator allows."""
+the operator allows, and notifications neither go to internal addresses nor tell the author
+what answered, and go on counting their attempts across a controller restart."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import pytest
 from controller_harness import (
     CONTROLLER_NAMESPACE,
     CONTROLLER_SA,
+    NOTIFICATIONS_ALLOWED_CIDRS,
     ControllerProcess,
     apply_stack,
     condition,
+    wait_events,
     wait_stack,
 )
+from fixture_plugins.receivers import Receiver, hook_secret, pending, receivers
 
-from pkobatch.dev.processes import wait_until
+from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
@@ -33,6 +37,8 @@ from pkobatch.kube.client import (
 JSON = dict[str, Any]
 # The controller may read kind Gadget, whose CRD no one installs: the API server answers 404.
 GADGET_RBAC = "pkobatch-tests-gadgets"
+# A spec the controller stalls on at once (SpecInvalid): its `stalled` event is notified.
+INVALID = {"stack": "dev", "envRefs": {"X": {"type": "Env", "env": {"name": "X"}}}}
 
 
 def flux_spec(kind: str, api_version: str = "source.toolkit.fluxcd.io/v1") -> JSON:
@@ -191,3 +197,144 @@ def test_flux_source_watches_are_bounded_by_the_kinds_the_operator_allows(
         timeout=120,
         what=f"the controller's threads to return to {baseline} (the Gadget watch stopped)",
     )
+
+
+def notified_failures(kube: Kube, namespace: str, count: int) -> list[str]:
+    events = wait_events(
+        kube,
+        namespace,
+        lambda e: e.get("reason") == "NotificationFailed",
+        count=count,
+        timeout=180,
+        what=f"{count} NotificationFailed Event(s)",
+    )
+    return sorted(str(e.get("note") or "") for e in events)
+
+
+def test_the_default_sends_no_notification_to_loopback_link_local_or_the_controller(
+    start_controller: Callable[..., ControllerProcess],
+    kube: Kube,
+    namespace: str,
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
+) -> None:
+    """Issue 26, item 7: a Stack's author made the controller POST to its own metrics port
+    and other internal addresses. By default nothing is sent there, and the author's Event
+    reads the same as for a receiver that is down."""
+    inbox, port = receivers_on_loopback()
+    controller = start_controller(
+        **{
+            NOTIFICATIONS_ALLOWED_CIDRS: "",
+            "PKOBATCH_NOTIFICATIONS__MAX_ATTEMPTS": "2",
+            "PKOBATCH_NOTIFICATIONS__BACKOFF_BASE": "1s",
+        }
+    )
+    urls = {
+        "inbox": f"http://127.0.0.1:{port}/hook",
+        "byname": f"http://localhost:{port}/hook",
+        "metrics": f"http://127.0.0.1:{controller.port}/metrics",
+        "metadata": "http://169.254.169.254/latest/meta-data/",
+    }
+    for name, url in urls.items():
+        hook_secret(kube, namespace, f"{name}-hook", url)
+    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers(*urls)})
+
+    notes = notified_failures(kube, namespace, len(urls))
+    event = stall_event(notes)
+    assert notes == sorted(
+        f"notification {event} to receiver {name} failed: delivery failed (attempt 2 of 2)"
+        for name in urls
+    )
+    assert inbox.requests() == []
+    log = controller.log_text()
+    for name in ("inbox", "metrics"):
+        assert f"to receiver {name}: destination refused: 127.0.0.1 is a loopback address" in log
+    assert "to receiver byname: destination refused: " in log
+    assert "169.254.169.254 is a link-local address" in log
+    assert controller.metric("pkobatch_notifications_sent_total") == 0
+
+
+def stall_event(notes: list[str]) -> str:
+    """The one event the notes are about: the Stack's stall."""
+    (event,) = {note.split()[1] for note in notes}
+    assert event.startswith("stalled/SpecInvalid/")
+    return event
+
+
+def test_failure_events_name_the_receiver_and_a_generic_reason_only(
+    start_controller: Callable[..., ControllerProcess],
+    kube: Kube,
+    namespace: str,
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
+) -> None:
+    """Issue 26, item 7: the Events told the author what answered (status codes, TLS
+    errors). Now they say which receiver and that delivery failed; the log says why."""
+    missing, missing_port = receivers_on_loopback()
+    missing.answer = 404
+    broken, broken_port = receivers_on_loopback()
+    broken.answer = 500
+    controller = start_controller(
+        PKOBATCH_NOTIFICATIONS__MAX_ATTEMPTS="2", PKOBATCH_NOTIFICATIONS__BACKOFF_BASE="1s"
+    )
+    closed_port = free_port()
+    urls = {
+        "missing": f"http://127.0.0.1:{missing_port}/hook",
+        "broken": f"http://127.0.0.1:{broken_port}/hook",
+        "tls": f"https://127.0.0.1:{broken_port}/hook",
+        "closed": f"http://127.0.0.1:{closed_port}/hook",
+    }
+    for name, url in urls.items():
+        hook_secret(kube, namespace, f"{name}-hook", url)
+    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers(*urls)})
+
+    notes = notified_failures(kube, namespace, len(urls))
+    failed = f"notification {stall_event(notes)} to receiver"
+    # A 404 is not retried: what the attempt count says of an allowed receiver.
+    assert notes == sorted(
+        [
+            f"{failed} missing failed: delivery failed (attempt 1 of 2)",
+            f"{failed} broken failed: delivery failed (attempt 2 of 2)",
+            f"{failed} tls failed: delivery failed (attempt 2 of 2)",
+            f"{failed} closed failed: delivery failed (attempt 2 of 2)",
+        ]
+    )
+    log = controller.log_text()
+    assert "answered HTTP 404" in log and "answered HTTP 500" in log
+    assert "SSL" in log and "Connection refused" in log
+    assert [r.answered for r in missing.requests()] == [404]
+    assert len(broken.requests()) == 2
+
+
+def test_a_restarted_controller_goes_on_counting_attempts(
+    start_controller: Callable[..., ControllerProcess],
+    kube: Kube,
+    namespace: str,
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
+) -> None:
+    """Issue 26, item 7: one event got 5 attempts, the controller restarted, then 8 more,
+    and the Event said "8 of 8". The count is in the outbox now, so a restart continues it."""
+    broken, port = receivers_on_loopback()
+    broken.answer = 500
+    settings = {
+        "PKOBATCH_NOTIFICATIONS__MAX_ATTEMPTS": "4",
+        # Attempt 3 comes 6s after attempt 2: time to kill the controller in between.
+        "PKOBATCH_NOTIFICATIONS__BACKOFF_BASE": "3s",
+    }
+    first = start_controller(**settings)
+    hook_secret(kube, namespace, "broken-hook", f"http://127.0.0.1:{port}/hook")
+    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers("broken")})
+
+    def attempts(stack: JSON) -> int:
+        entries = list(pending(stack).values())
+        return int(((entries[0].get("attempts") or {}) if entries else {}).get("broken") or 0)
+
+    wait_stack(kube, namespace, "app", lambda s: attempts(s) == 2, timeout=120)
+    first.kill()
+    assert len(broken.requests()) == 2
+
+    start_controller(**settings)
+    (note,) = notified_failures(kube, namespace, 1)
+    assert note.endswith("to receiver broken failed: delivery failed (attempt 4 of 4)")
+    assert len(broken.requests()) == 4
+    deliveries = {r.headers["X-Pkobatch-Delivery"] for r in broken.requests()}
+    assert len(deliveries) == 1
+    wait_stack(kube, namespace, "app", lambda s: not pending(s), timeout=60)

@@ -21,7 +21,7 @@ from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.notify import Receiver
 from pkobatch.controller.plan import Plan
-from pkobatch.kube.client import Kube, NotFound
+from pkobatch.kube.client import STACKS, Kube, NotFound
 
 STACK = {
     "apiVersion": "pulumi.com/v1",
@@ -63,10 +63,36 @@ class SecretsOnly:
         return {}
 
 
-def notifier(kube: SecretsOnly) -> Notifier:
-    settings = NotificationSettings(timeout=timedelta(seconds=5))
+class PostedEvents:
+    """What the notifier gives the Event recorder: (reason, message) of each Event."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str]] = []
+
+    def post(self, stack: Any, event_type: str, reason: str, message: str) -> None:
+        self.posted.append((reason, message))
+
+
+# The test receivers listen on loopback, which only an operator's opt-in lets notifications
+# reach (the default refuses it: test_the_default_refuses_loopback_before_connecting).
+LOOPBACK = ["127.0.0.0/8"]
+
+
+def notifier(
+    kube: SecretsOnly,
+    events: PostedEvents | None = None,
+    *,
+    allowed: list[str] | None = None,
+    max_attempts: int = 8,
+) -> Notifier:
+    settings = NotificationSettings(
+        timeout=timedelta(seconds=5),
+        allowed_cidrs=LOOPBACK if allowed is None else allowed,
+        max_attempts=max_attempts,
+    )
     api = cast(Kube, kube)
-    return Notifier(api, settings, CollectorRegistry(), ["team-a"], EventRecorder(api, "test"))
+    recorder = cast(EventRecorder, events) if events else EventRecorder(api, "test")
+    return Notifier(api, settings, CollectorRegistry(), ["team-a"], recorder)
 
 
 @pytest.fixture
@@ -119,8 +145,9 @@ def test_no_answer_names_neither_the_url_nor_the_key() -> None:
         notifier(kube)._send(delivery(Receiver("ops", "webhook", "ops-hook")))
     assert failed.value.status is None
     text = str(failed.value)
-    assert text.startswith("no answer:")
+    assert text.startswith("no answer from 127.0.0.1:")
     assert "url-token-1234" not in text and "key-5678" not in text and str(port) not in text
+    assert failed.value.public == "delivery failed"
 
 
 def test_a_url_that_is_not_http_is_refused_without_repeating_it() -> None:
@@ -184,3 +211,147 @@ def test_add_events_writes_the_outbox_into_the_plans_status() -> None:
     outbox = notify.add_events({**STACK, "status": old}, released, datetime.now(UTC))
     assert released.status is None and outbox is not None
     assert set(outbox["notifications"]["pending"]) == {"run-failed/web-up-2"}
+
+
+@pytest.fixture
+def accepting() -> Iterator[tuple[list[dict[str, str]], int]]:
+    """A receiver answering every POST with 200; records the headers of each request."""
+    requests: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            requests.append(dict(self.headers.items()))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield requests, int(httpd.server_address[1])
+    httpd.shutdown()
+
+
+def test_the_default_refuses_loopback_before_connecting(
+    accepting: tuple[list[dict[str, str]], int],
+) -> None:
+    requests, port = accepting
+    for host in ("127.0.0.1", "localhost", "[::ffff:127.0.0.1]"):
+        kube = SecretsOnly({"ops-hook": {"url": f"http://{host}:{port}/hook"}})
+        with pytest.raises(DeliveryFailed) as failed:
+            notifier(kube, allowed=[])._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+        assert failed.value.status is None  # like no answer: retried, then given up
+        assert "destination refused: " in str(failed.value)
+        assert "127.0.0.1 is a loopback address" in str(failed.value)
+        assert failed.value.public == "delivery failed"
+    assert requests == []
+
+
+def test_the_name_is_resolved_once_and_the_checked_address_is_dialled(
+    accepting: tuple[list[dict[str, str]], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: a name that answers an allowed address when checked and another one
+    later cannot redirect the request, because the checked address is the one dialled."""
+    requests, port = accepting
+    answers = iter(["127.0.0.1", "169.254.169.254"])
+    asked: list[str] = []
+    resolve = socket.getaddrinfo
+
+    def rebinding(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "hooks.example":
+            return resolve(host, *args, **kwargs)
+        asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    kube = SecretsOnly({"ops-hook": {"url": f"http://hooks.example:{port}/hook"}})
+    notifier(kube, allowed=["127.0.0.1/32"])._send(delivery(Receiver("ops", "webhook", "ops-hook")))
+    assert asked == ["hooks.example"]
+    assert [r["Host"] for r in requests] == [f"hooks.example:{port}"]
+
+
+def test_failed_attempts_are_recorded_and_counting_goes_on_after_a_restart() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    hooks = {"ops-hook": {"url": f"http://127.0.0.1:{port}/hook"}}
+    kube, events = SecretsOnly(hooks), PostedEvents()
+    notify = notifier(kube, events, max_attempts=3)
+    # A restarted controller: the entry records two failed attempts to "ops".
+    entry = {**ENTRY, "receivers": {"ops": "webhook"}, "attempts": {"ops": 2}}
+    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
+    item = notify._next_due(1e12)
+    assert item is not None and item.attempt == 3
+    notify._attempt(item)
+    assert events.posted == [
+        (
+            "NotificationFailed",
+            "notification run-failed/web-up-1 to receiver ops failed: delivery failed "
+            "(attempt 3 of 3)",
+        )
+    ]
+    assert kube.patches[-1][1:3] == (
+        "web",
+        {"status": {"notifications": {"pending": {"run-failed/web-up-1": None}}}},
+    )
+
+
+def test_an_attempt_that_will_be_retried_is_recorded_in_the_entry() -> None:
+    kube, events = SecretsOnly({}), PostedEvents()
+    notify = notifier(kube, events)
+    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": ENTRY}}}, True)
+    item = notify._next_due(1e12)
+    assert item is not None and item.attempt == 1
+    notify._attempt(item)
+    name = item.delivery.receiver.name
+    assert kube.patches == [
+        (
+            STACKS,
+            "web",
+            {
+                "status": {
+                    "notifications": {"pending": {"run-failed/web-up-1": {"attempts": {name: 1}}}}
+                }
+            },
+            "team-a",
+        )
+    ]
+    assert events.posted == []  # retried: attempt 2 waits for its time
+    assert [q.attempt for q in notify._heap if q.delivery.receiver.name == name] == [2]
+
+
+def test_all_attempts_made_before_a_restart_give_up_at_once() -> None:
+    kube, events = SecretsOnly({}), PostedEvents()
+    notify = notifier(kube, events, max_attempts=3)
+    entry = {**ENTRY, "receivers": {"ops": "webhook"}, "attempts": {"ops": 3}}
+    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
+    item = notify._next_due(1e12)
+    assert item is not None
+    notify._attempt(item)
+    assert events.posted == [
+        (
+            "NotificationFailed",
+            "notification run-failed/web-up-1 to receiver ops failed: delivery failed "
+            "(attempt 3 of 3)",
+        )
+    ]
+
+
+def test_a_missing_secret_is_the_only_reason_an_event_names() -> None:
+    kube, events = SecretsOnly({}), PostedEvents()
+    notify = notifier(kube, events, max_attempts=1)
+    entry = {**ENTRY, "receivers": {"ops": "webhook"}}
+    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
+    item = notify._next_due(1e12)
+    assert item is not None
+    notify._attempt(item)
+    assert events.posted == [
+        (
+            "NotificationFailed",
+            "notification run-failed/web-up-1 to receiver ops failed: its Secret ops-hook is "
+            "missing, unreadable or holds no usable url (attempt 1 of 1)",
+        )
+    ]

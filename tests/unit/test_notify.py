@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -15,8 +16,11 @@ from pkobatch.api.stack import Notifications
 from pkobatch.controller.notify import (
     MAX_PENDING,
     Occurrence,
+    attempts_made,
+    attempts_patch,
     delivered_patch,
     delivery_id,
+    destination_refusal,
     namespace_default,
     occurrences,
     pending_of,
@@ -263,9 +267,63 @@ def test_the_outbox_is_bounded_oldest_out() -> None:
 
 def test_delivered_patch_removes_the_receiver_then_the_entry() -> None:
     assert delivered_patch("e", "ops", 1) == {
-        "status": {"notifications": {"pending": {"e": {"receivers": {"ops": None}}}}}
+        "status": {
+            "notifications": {
+                "pending": {"e": {"receivers": {"ops": None}, "attempts": {"ops": None}}}
+            }
+        }
     }
     assert delivered_patch("e", "ops", 0) == {"status": {"notifications": {"pending": {"e": None}}}}
+
+
+def test_failed_attempts_are_counted_per_receiver_in_the_entry() -> None:
+    assert attempts_patch("e", "ops", 3) == {
+        "status": {"notifications": {"pending": {"e": {"attempts": {"ops": 3}}}}}
+    }
+    entry = {"receivers": {"ops": "webhook", "chat": "slack"}, "attempts": {"ops": 3}}
+    assert (attempts_made(entry, "ops"), attempts_made(entry, "chat")) == (3, 0)
+    assert attempts_made({"receivers": {"ops": "webhook"}}, "ops") == 0
+
+
+PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "192.168.0.0/16", "fc00::/7")]
+
+
+@pytest.mark.parametrize(
+    ("address", "refusal"),
+    [
+        ("127.0.0.1", "127.0.0.1 is a loopback address"),
+        ("127.8.9.10", "127.8.9.10 is a loopback address"),
+        ("::1", "::1 is a loopback address"),
+        ("::ffff:127.0.0.1", "127.0.0.1 is a loopback address"),
+        ("169.254.169.254", "169.254.169.254 is a link-local address"),
+        ("fe80::1%eth0", "fe80::1 is a link-local address"),
+        ("0.0.0.0", "0.0.0.0 is an unspecified address"),
+        ("::", ":: is an unspecified address"),
+        ("224.0.0.1", "224.0.0.1 is a multicast address"),
+        ("255.255.255.255", "255.255.255.255 is a reserved address"),
+        (
+            "10.96.0.1",
+            "10.96.0.1 is in 10.0.0.0/8, a range of PKOBATCH_NOTIFICATIONS__DENIED_CIDRS",
+        ),
+        ("::ffff:192.168.1.1", "192.168.1.1 is in 192.168.0.0/16, a range of"),
+        ("fd12::1", "fd12::1 is in fc00::/7, a range of"),
+        ("93.184.215.14", None),
+        ("2606:2800:21f:cb07::1", None),
+    ],
+)
+def test_destinations_refused_by_default(address: str, refusal: str | None) -> None:
+    found = destination_refusal(address, PRIVATE, [])
+    assert (found is None) == (refusal is None)
+    assert refusal is None or (found is not None and found.startswith(refusal))
+
+
+def test_an_allowed_range_wins_over_every_refusal() -> None:
+    allowed = [ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("10.20.0.0/16")]
+    assert destination_refusal("127.0.0.1", PRIVATE, allowed) is None
+    assert destination_refusal("::ffff:127.0.0.1", PRIVATE, allowed) is None
+    assert destination_refusal("10.20.3.4", PRIVATE, allowed) is None
+    assert destination_refusal("127.0.0.2", PRIVATE, allowed) == "127.0.0.2 is a loopback address"
+    assert destination_refusal("10.21.0.1", PRIVATE, allowed) is not None
 
 
 def test_webhook_body_names_the_stack_run_and_describe_command() -> None:
