@@ -40,16 +40,28 @@ def _print_environment(status: dict[str, Any]) -> None:
         if restarts.get(name):
             detail += f" (restarted {restarts[name]}x)"
         table.add_row(f"  {name}", detail)
-    controller = status.get("controller") or {}
-    detail = controller.get("state", "-")
-    if "pid" in controller:
-        detail += f" (pid {controller['pid']})"
-    if "exitCode" in controller:
-        detail += f" with exit code {controller['exitCode']}; see {controller.get('log')}"
-    table.add_row("controller", detail)
+    table.add_row("controller", _controller_detail(status.get("controller") or {}))
     table.add_row("running pods", ", ".join(status.get("runningPods") or []) or "-")
     table.add_row("pulumi", str(status.get("pulumi") or "not built"))
     console.print(table)
+
+
+def _controller_detail(controller: dict[str, Any]) -> str:
+    """How the controller is: running, or waiting to be started again after it exited."""
+    detail = str(controller.get("state", "-"))
+    if "pid" in controller:
+        detail += f" (pid {controller['pid']})"
+    if "nextStart" in controller:
+        detail += f", next start at {controller['nextStart']}"
+    if controller.get("restarts"):
+        detail += f"; restarted {controller['restarts']}x"
+    last_exit = controller.get("lastExit")
+    if last_exit:
+        detail += (
+            f"; last exited with code {last_exit.get('exitCode')} at {last_exit.get('at')}, "
+            f"see {controller.get('log')}"
+        )
+    return detail
 
 
 @click.group("dev")
@@ -93,8 +105,9 @@ def down_command(state_dir: Path | None) -> None:
 @state_option
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 def status_command(state_dir: Path | None, output: str) -> None:
-    """Show what runs; exit code 1 when the environment is not running or a component of
-    the control plane is down (state ``degraded``: the supervisor restarts it)."""
+    """Show what runs; exit code 1 when the environment is not running, or a component of
+    the control plane or the controller is down (state ``degraded``: the supervisor starts it
+    again)."""
     status = read_status(resolve_state_dir(state_dir))
     if output == "json":
         click.echo(json.dumps(status, indent=2))

@@ -6,6 +6,12 @@ every child dies with it (process groups + ``PR_SET_PDEATHSIG``), so stopping th
 supervisor — SIGTERM from ``down``, or even SIGKILL — stops everything. The supervisor
 records what runs in ``<state>/status.json``; ``status`` reads it back.
 
+Like a Deployment's kubelet, the supervisor starts a controller that exits (crashed, killed)
+again, with the same settings and ports, after a backoff that doubles with each exit that
+follows a short run (``_CONTROLLER_BACKOFF_CAP`` at most) and starts over once the
+controller has run ``_CONTROLLER_STABLE_SECONDS``. Meanwhile the environment is
+``degraded`` and ``status`` says when the next start is due; the restarts are counted.
+
 State directory (default ``./.pkobatch/dev``, or ``$PKOBATCH_DEV_STATE``)::
 
     supervisor.pid, supervisor.log, status.json
@@ -52,6 +58,9 @@ DEFAULT_STATE: Final = Path(".pkobatch") / "dev"
 log = logging.getLogger("pkobatch.dev")
 _RESTART_TIMEOUT: Final = 120.0
 _RESTART_BACKOFF_CAP: Final = 60.0
+_CONTROLLER_BACKOFF_CAP: Final = 60.0
+# A controller that ran this long before it exited starts again after the shortest backoff.
+_CONTROLLER_STABLE_SECONDS: Final = 60.0
 
 
 class DevError(Exception):
@@ -187,35 +196,99 @@ def _supervise(
             "controller": {"state": "disabled"},
         }
     )
-    controller: subprocess.Popen[bytes] | None = None
-    if with_controller:
-        controller = processes.spawn(
-            controller_argv(),
-            log=paths.controller_log,
-            env=controller_env(paths, control_plane.kubeconfig),
-        )
-        status["controller"] = {"state": "running", "pid": controller.pid}
+    controller = (
+        _ControllerKeeper(paths, controller_env(paths, control_plane.kubeconfig), status)
+        if with_controller
+        else None
+    )
     try:
+        if controller is not None:
+            controller.start()
         _write_status(paths, status)
         components = _ComponentKeeper(control_plane, status)
         while True:
             components.restart_crashed()
-            if controller is not None and controller.poll() is not None:
-                status["controller"] = {
-                    "state": "exited",
-                    "exitCode": controller.returncode,
-                    "log": str(paths.controller_log),
-                }
-                processes.forget(controller)
-                controller = None
-                _write_status(paths, status)
+            if controller is not None:
+                controller.keep_running()
+            down = bool(status.get("down")) or (controller is not None and not controller.running())
+            status["state"] = "degraded" if down else "running"
             status["runningPods"] = environment.agent.running()
             _write_status(paths, status)
             time.sleep(1.0)
     finally:
         if controller is not None:
-            running = controller
-            teardown([("stopping the controller", lambda: processes.stop(running, 10))])
+            teardown([("stopping the controller", controller.stop)])
+
+
+def controller_backoff(ran: float, exits_in_a_row: int) -> tuple[int, float]:
+    """After a controller exit that followed ``ran`` seconds of running: the exits in a row
+    now, and the seconds to wait before starting it again (1, 2, 4, ... at most
+    ``_CONTROLLER_BACKOFF_CAP``; 1 again after a run of ``_CONTROLLER_STABLE_SECONDS``)."""
+    exits = exits_in_a_row + 1 if ran < _CONTROLLER_STABLE_SECONDS else 1
+    return exits, min(_CONTROLLER_BACKOFF_CAP, 2.0 ** (exits - 1))
+
+
+class _ControllerKeeper:
+    """Runs the controller and starts it again when it exits, with a backoff (see the module
+    docstring); ``status["controller"]`` says how it is."""
+
+    def __init__(self, paths: DevPaths, env: dict[str, str], status: dict[str, Any]) -> None:
+        self.paths = paths
+        self.env = env
+        self.status = status
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.restarts = 0
+        # Exits in a row, each after a run shorter than _CONTROLLER_STABLE_SECONDS.
+        self.exits_in_a_row = 0
+        self.next_start = 0.0
+        self.last_exit: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        self.process = processes.spawn(
+            controller_argv(), log=self.paths.controller_log, env=self.env
+        )
+        self.started = time.monotonic()
+        self._record({"state": "running", "pid": self.process.pid})
+
+    def running(self) -> bool:
+        return self.process is not None
+
+    def keep_running(self) -> None:
+        """Notice an exit and schedule the next start; start it when that is due."""
+        process = self.process
+        if process is not None and process.poll() is not None:
+            processes.forget(process)
+            self.process = None
+            ran = time.monotonic() - self.started
+            self.exits_in_a_row, delay = controller_backoff(ran, self.exits_in_a_row)
+            self.next_start = time.monotonic() + delay
+            at = datetime.datetime.now(datetime.UTC)
+            self.last_exit = {"exitCode": process.returncode, "at": at.isoformat()}
+            log.warning(
+                "pkobatch dev: the controller exited with code %s after %.0fs; starting it "
+                "again in %.0fs",
+                process.returncode,
+                ran,
+                delay,
+            )
+            restart_at = at + datetime.timedelta(seconds=delay)
+            self._record({"state": "restarting", "nextStart": restart_at.isoformat()})
+        if self.process is None and time.monotonic() >= self.next_start:
+            self.restarts += 1
+            self.start()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            processes.stop(self.process, 10)
+
+    def _record(self, state: dict[str, Any]) -> None:
+        state = {**state, "log": str(self.paths.controller_log)}
+        if self.restarts:
+            state["restarts"] = self.restarts
+        if self.last_exit is not None:
+            state["lastExit"] = self.last_exit
+        self.status["controller"] = state
 
 
 class _ComponentKeeper:
@@ -255,7 +328,6 @@ class _ComponentKeeper:
                 self.status["down"] = down
             else:
                 self.status.pop("down", None)
-                self.status["state"] = "running"
             log.info("pkobatch dev: %s is healthy again", name)
 
     def _mark_down(self, name: str, message: str) -> None:

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from controller_harness import apply_stack, condition, wait_stack
 from dev_env import alive, cmdline, environment_pids, leftovers, listening_ports, pkobatch
 
 from pkobatch.dev.processes import wait_until
+from pkobatch.dev.supervisor import read_status
 from pkobatch.kube.client import CONFIGMAPS, JOBS, Kube
 
 
@@ -195,3 +197,42 @@ def test_down_completes_while_the_api_server_does_not_answer(state: Path) -> Non
     assert leftovers(state, ports) == []
     assert json.loads((state / "status.json").read_text())["state"] == "stopped"
     assert "Traceback" not in (state / "supervisor.log").read_text()
+
+
+def test_a_killed_controller_is_started_again_and_reconciles(state: Path) -> None:
+    """Issue 26, item 8: the supervisor recorded a SIGKILLed controller as `exited` and the
+    environment silently stopped reconciling."""
+    status = start(state)
+    killed = status["controller"]["pid"]
+
+    os.kill(killed, signal.SIGKILL)
+
+    def restarted() -> bool:
+        current = read_status(state)
+        controller = current["controller"]
+        return bool(
+            controller.get("restarts") == 1
+            and controller["state"] == "running"
+            and current["state"] == "running"
+        )
+
+    wait_until(restarted, timeout=120, what="the supervisor to start the controller again")
+    controller = read_status(state)["controller"]
+    assert controller["pid"] != killed and alive(controller["pid"])
+    assert controller["lastExit"]["exitCode"] == -signal.SIGKILL
+    table = pkobatch("dev", "status", "--state-dir", str(state)).stdout
+    assert "restarted 1x" in table and "last exited with code -9" in table
+    # The new controller reconciles a Stack created after the kill.
+    kube = Kube.connect(status["kubeconfig"])
+    try:
+        apply_stack(kube, "default", "after-restart", {"stack": "dev", "suspend": True})
+        wait_stack(
+            kube,
+            "default",
+            "after-restart",
+            lambda s: condition(s, "Ready").get("reason") == "Suspended",
+            timeout=120,
+            what="the restarted controller to reconcile a new Stack",
+        )
+    finally:
+        kube.close()
