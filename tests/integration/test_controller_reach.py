@@ -199,6 +199,14 @@ def test_flux_source_watches_are_bounded_by_the_kinds_the_operator_allows(
     )
 
 
+def stalling_stack_notifying(kube: Kube, namespace: str, urls: dict[str, str]) -> None:
+    """Stack "app", stalled at once, notifying a webhook receiver per name of ``urls`` (its
+    Secret ``<name>-hook`` holding that URL)."""
+    for name, url in urls.items():
+        hook_secret(kube, namespace, f"{name}-hook", url)
+    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers(*urls)})
+
+
 def notified_failures(kube: Kube, namespace: str, count: int) -> list[str]:
     events = wait_events(
         kube,
@@ -234,9 +242,7 @@ def test_the_default_sends_no_notification_to_loopback_link_local_or_the_control
         "metrics": f"http://127.0.0.1:{controller.port}/metrics",
         "metadata": "http://169.254.169.254/latest/meta-data/",
     }
-    for name, url in urls.items():
-        hook_secret(kube, namespace, f"{name}-hook", url)
-    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers(*urls)})
+    stalling_stack_notifying(kube, namespace, urls)
 
     notes = notified_failures(kube, namespace, len(urls))
     event = stall_event(notes)
@@ -282,9 +288,7 @@ def test_failure_events_name_the_receiver_and_a_generic_reason_only(
         "tls": f"https://127.0.0.1:{broken_port}/hook",
         "closed": f"http://127.0.0.1:{closed_port}/hook",
     }
-    for name, url in urls.items():
-        hook_secret(kube, namespace, f"{name}-hook", url)
-    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers(*urls)})
+    stalling_stack_notifying(kube, namespace, urls)
 
     notes = notified_failures(kube, namespace, len(urls))
     failed = f"notification {stall_event(notes)} to receiver"
@@ -320,8 +324,7 @@ def test_a_restarted_controller_goes_on_counting_attempts(
         "PKOBATCH_NOTIFICATIONS__BACKOFF_BASE": "3s",
     }
     first = start_controller(**settings)
-    hook_secret(kube, namespace, "broken-hook", f"http://127.0.0.1:{port}/hook")
-    apply_stack(kube, namespace, "app", {**INVALID, "notifications": receivers("broken")})
+    stalling_stack_notifying(kube, namespace, {"broken": f"http://127.0.0.1:{port}/hook"})
 
     def attempts(stack: JSON) -> int:
         entries = list(pending(stack).values())

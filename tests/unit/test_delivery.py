@@ -8,16 +8,17 @@ from __future__ import annotations
 import base64
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 import pytest
+from fixture_plugins.receivers import Receiver as LoopbackReceiver
 from prometheus_client import CollectorRegistry
 
 from pkobatch.config import NotificationSettings
-from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier
+from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier, _Queued
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.notify import Receiver
 from pkobatch.controller.plan import Plan
@@ -213,32 +214,10 @@ def test_add_events_writes_the_outbox_into_the_plans_status() -> None:
     assert set(outbox["notifications"]["pending"]) == {"run-failed/web-up-2"}
 
 
-@pytest.fixture
-def accepting() -> Iterator[tuple[list[dict[str, str]], int]]:
-    """A receiver answering every POST with 200; records the headers of each request."""
-    requests: list[dict[str, str]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            requests.append(dict(self.headers.items()))
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield requests, int(httpd.server_address[1])
-    httpd.shutdown()
-
-
 def test_the_default_refuses_loopback_before_connecting(
-    accepting: tuple[list[dict[str, str]], int],
+    receivers_on_loopback: Callable[[], tuple[LoopbackReceiver, int]],
 ) -> None:
-    requests, port = accepting
+    inbox, port = receivers_on_loopback()
     for host in ("127.0.0.1", "localhost", "[::ffff:127.0.0.1]"):
         kube = SecretsOnly({"ops-hook": {"url": f"http://{host}:{port}/hook"}})
         with pytest.raises(DeliveryFailed) as failed:
@@ -247,15 +226,16 @@ def test_the_default_refuses_loopback_before_connecting(
         assert "destination refused: " in str(failed.value)
         assert "127.0.0.1 is a loopback address" in str(failed.value)
         assert failed.value.public == "delivery failed"
-    assert requests == []
+    assert inbox.requests() == []
 
 
 def test_the_name_is_resolved_once_and_the_checked_address_is_dialled(
-    accepting: tuple[list[dict[str, str]], int], monkeypatch: pytest.MonkeyPatch
+    receivers_on_loopback: Callable[[], tuple[LoopbackReceiver, int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """DNS rebinding: a name that answers an allowed address when checked and another one
     later cannot redirect the request, because the checked address is the one dialled."""
-    requests, port = accepting
+    inbox, port = receivers_on_loopback()
     answers = iter(["127.0.0.1", "169.254.169.254"])
     asked: list[str] = []
     resolve = socket.getaddrinfo
@@ -270,7 +250,19 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_dialled(
     kube = SecretsOnly({"ops-hook": {"url": f"http://hooks.example:{port}/hook"}})
     notifier(kube, allowed=["127.0.0.1/32"])._send(delivery(Receiver("ops", "webhook", "ops-hook")))
     assert asked == ["hooks.example"]
-    assert [r["Host"] for r in requests] == [f"hooks.example:{port}"]
+    assert [r.headers["Host"] for r in inbox.requests()] == [f"hooks.example:{port}"]
+
+
+FAILED = "notification run-failed/web-up-1 to receiver ops failed: "
+
+
+def attempt_first(notify: Notifier, entry: dict[str, Any]) -> _Queued:
+    """Queue ``entry`` (the Stack's one pending event) and make its first due attempt."""
+    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
+    item = notify._next_due(1e12)
+    assert item is not None
+    notify._attempt(item)
+    return item
 
 
 def test_failed_attempts_are_recorded_and_counting_goes_on_after_a_restart() -> None:
@@ -279,20 +271,11 @@ def test_failed_attempts_are_recorded_and_counting_goes_on_after_a_restart() -> 
         port = sock.getsockname()[1]  # closed again: connections are refused
     hooks = {"ops-hook": {"url": f"http://127.0.0.1:{port}/hook"}}
     kube, events = SecretsOnly(hooks), PostedEvents()
-    notify = notifier(kube, events, max_attempts=3)
     # A restarted controller: the entry records two failed attempts to "ops".
     entry = {**ENTRY, "receivers": {"ops": "webhook"}, "attempts": {"ops": 2}}
-    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
-    item = notify._next_due(1e12)
-    assert item is not None and item.attempt == 3
-    notify._attempt(item)
-    assert events.posted == [
-        (
-            "NotificationFailed",
-            "notification run-failed/web-up-1 to receiver ops failed: delivery failed "
-            "(attempt 3 of 3)",
-        )
-    ]
+    item = attempt_first(notifier(kube, events, max_attempts=3), entry)
+    assert item.attempt == 3
+    assert events.posted == [("NotificationFailed", FAILED + "delivery failed (attempt 3 of 3)")]
     assert kube.patches[-1][1:3] == (
         "web",
         {"status": {"notifications": {"pending": {"run-failed/web-up-1": None}}}},
@@ -302,56 +285,32 @@ def test_failed_attempts_are_recorded_and_counting_goes_on_after_a_restart() -> 
 def test_an_attempt_that_will_be_retried_is_recorded_in_the_entry() -> None:
     kube, events = SecretsOnly({}), PostedEvents()
     notify = notifier(kube, events)
-    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": ENTRY}}}, True)
-    item = notify._next_due(1e12)
-    assert item is not None and item.attempt == 1
-    notify._attempt(item)
-    name = item.delivery.receiver.name
+    item = attempt_first(notify, {**ENTRY, "receivers": {"ops": "webhook"}})
+    assert item.attempt == 1
+    recorded = {"run-failed/web-up-1": {"attempts": {"ops": 1}}}
     assert kube.patches == [
-        (
-            STACKS,
-            "web",
-            {
-                "status": {
-                    "notifications": {"pending": {"run-failed/web-up-1": {"attempts": {name: 1}}}}
-                }
-            },
-            "team-a",
-        )
+        (STACKS, "web", {"status": {"notifications": {"pending": recorded}}}, "team-a")
     ]
     assert events.posted == []  # retried: attempt 2 waits for its time
-    assert [q.attempt for q in notify._heap if q.delivery.receiver.name == name] == [2]
+    assert [q.attempt for q in notify._heap] == [2]
 
 
 def test_all_attempts_made_before_a_restart_give_up_at_once() -> None:
     kube, events = SecretsOnly({}), PostedEvents()
-    notify = notifier(kube, events, max_attempts=3)
     entry = {**ENTRY, "receivers": {"ops": "webhook"}, "attempts": {"ops": 3}}
-    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
-    item = notify._next_due(1e12)
-    assert item is not None
-    notify._attempt(item)
-    assert events.posted == [
-        (
-            "NotificationFailed",
-            "notification run-failed/web-up-1 to receiver ops failed: delivery failed "
-            "(attempt 3 of 3)",
-        )
-    ]
+    attempt_first(notifier(kube, events, max_attempts=3), entry)
+    assert events.posted == [("NotificationFailed", FAILED + "delivery failed (attempt 3 of 3)")]
 
 
 def test_a_missing_secret_is_the_only_reason_an_event_names() -> None:
     kube, events = SecretsOnly({}), PostedEvents()
-    notify = notifier(kube, events, max_attempts=1)
-    entry = {**ENTRY, "receivers": {"ops": "webhook"}}
-    notify.track(STACK, {"notifications": {"pending": {"run-failed/web-up-1": entry}}}, True)
-    item = notify._next_due(1e12)
-    assert item is not None
-    notify._attempt(item)
+    attempt_first(
+        notifier(kube, events, max_attempts=1), {**ENTRY, "receivers": {"ops": "webhook"}}
+    )
     assert events.posted == [
         (
             "NotificationFailed",
-            "notification run-failed/web-up-1 to receiver ops failed: its Secret ops-hook is "
-            "missing, unreadable or holds no usable url (attempt 1 of 1)",
+            FAILED + "its Secret ops-hook is missing, unreadable or holds no usable url "
+            "(attempt 1 of 1)",
         )
     ]
