@@ -445,6 +445,8 @@ class Notifier:
                 delay,
             )
             if delivery.durable:
+                # One try: a lost count costs at most one attempt more after a restart, and
+                # the next failed attempt writes a higher one anyway.
                 self._write_pending(
                     delivery,
                     attempts_patch(delivery.event_id, receiver.name, item.attempt),
@@ -543,8 +545,8 @@ class Notifier:
 
     def _destination(self, host: str, port: int) -> str:
         """The first address ``host`` resolves to that notifications may go to; a refused or
-        unresolvable host fails like one that does not answer (a retry). The log names
-        addresses only: the host is part of the receiver's secret URL."""
+        unresolvable host fails like one that does not answer (a retry). The refusal names
+        addresses, not the host (part of the receiver's secret URL)."""
         try:
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:
