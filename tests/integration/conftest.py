@@ -9,6 +9,9 @@ anything else goes into the Job spec).
 is Complete or Failed.
 
 ``job_pods(namespace, job_name)`` -> the Job's pods.
+
+``controller_rbac`` (session): the controller's ServiceAccount and RBAC, for tests that run
+the real controller (tests/controller_harness.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from controller_harness import install_controller_rbac
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import JOBS, PODS, Kube
@@ -93,3 +97,10 @@ def job_pods(kube: Kube) -> Callable[[str, str], list[JSON]]:
         return kube.list_objects(PODS, namespace, label_selector=f"job-name={job_name}")[0]
 
     return pods
+
+
+@pytest.fixture(scope="session")
+def controller_rbac(cluster: Any) -> None:
+    """The controller's ServiceAccount with the RBAC of deploy/kustomize/base
+    (``controller_harness.install_controller_rbac``), for tests running the real controller."""
+    install_controller_rbac(cluster.kube)

@@ -21,7 +21,6 @@ from controller_harness import (
     bind_runner,
     condition,
     create_secret,
-    install_controller_rbac,
     wait_events,
     wait_stack,
 )
@@ -44,11 +43,6 @@ from pkobatch.kube.client import (
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 
 JSON = dict[str, Any]
-
-
-@pytest.fixture(scope="session")
-def controller_rbac(cluster: Any) -> None:
-    install_controller_rbac(cluster.kube)
 
 
 @pytest.fixture

@@ -7,15 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA, install_controller_rbac
+from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import JOBS, SECRETS, Kube, KubeError
-
-
-@pytest.fixture(scope="session")
-def controller_rbac(cluster: Any) -> None:
-    install_controller_rbac(cluster.kube)
 
 
 def test_the_controller_may_create_no_secret_but_a_runs_own(

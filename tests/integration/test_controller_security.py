@@ -22,7 +22,6 @@ from controller_harness import (
     apply_stack,
     bind_runner,
     condition,
-    install_controller_rbac,
     wait_stack,
 )
 from pod_security_probes import CASES, OK
@@ -93,11 +92,6 @@ ESCALATIONS: dict[str, tuple[JSON, str]] = {
         "spec.initContainers[escape].securityContext.privileged",
     ),
 }
-
-
-@pytest.fixture(scope="session")
-def controller_rbac(cluster: Any) -> None:
-    install_controller_rbac(cluster.kube)
 
 
 def start_controller(cluster: Any, namespace: str, work_dir: Path, **env: str) -> ControllerProcess:

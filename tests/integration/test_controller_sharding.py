@@ -24,7 +24,6 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
-    install_controller_rbac,
     last_update,
     ready,
     stack_jobs,
@@ -55,11 +54,6 @@ SHARDS = {
     "green": {"PKOBATCH_SHARD": "green"},
     "": {"PKOBATCH_SHARDED": "true"},
 }
-
-
-@pytest.fixture(scope="session")
-def controller_rbac(cluster: Any) -> None:
-    install_controller_rbac(cluster.kube)
 
 
 @pytest.fixture
