@@ -9,6 +9,8 @@ from collections import Counter
 
 import pytest
 
+from pkobatch.api.constants import FLUX_SOURCE_KINDS
+from pkobatch.controller.stores import flux_source_resource
 from pkobatch.kube import client
 from pkobatch.kube.rbac import (
     CONTROLLER_API_CALLS,
@@ -27,11 +29,15 @@ KUBERNETES_VERBS = {
     "delete",
     "deletecollection",
 }
+# The Flux sources a Stack may name by default (the controller watches them on demand).
+FLUX_SOURCES = {
+    (resource.group, resource.plural) for resource in map(flux_source_resource, FLUX_SOURCE_KINDS)
+}
 KNOWN_RESOURCES = {
     (value.group, value.plural)
     for value in vars(client).values()
     if isinstance(value, client.Resource)
-}
+} | FLUX_SOURCES
 CALL_LISTS = {"controller": CONTROLLER_API_CALLS, "runner": RUNNER_API_CALLS}
 
 
@@ -55,6 +61,15 @@ def test_every_call_names_a_resource_pkobatch_kube_defines(owner: str) -> None:
 
     unknown = [call for call in CALL_LISTS[owner] if base(call) not in KNOWN_RESOURCES]
     assert unknown == []
+
+
+def test_the_controller_may_read_the_flux_source_kinds_it_accepts_by_default() -> None:
+    granted = {
+        (group, resource): {v for g, r, v in CONTROLLER_API_CALLS if (g, r) == (group, resource)}
+        for group, resource, _ in CONTROLLER_API_CALLS
+        if group == "source.toolkit.fluxcd.io"
+    }
+    assert granted == {source: {"get", "list", "watch"} for source in FLUX_SOURCES}
 
 
 def test_controller_reads_secrets_only_by_name() -> None:
