@@ -891,10 +891,7 @@ class _Planner:
                 f"the controller's watch of {ref.kind} ({FLUX_SOURCE_GROUP}/{FLUX_SOURCE_VERSION})"
             )
             if source is not None and source.error:
-                message = (
-                    f"{watch} cannot list them, retrying with backoff: {source.error} (is "
-                    "Flux's CRD installed, and may the controller list it?)"
-                )
+                message = f"{watch} cannot list them, retrying with backoff: {source.error}"
             else:
                 message = (
                     f"waiting for {watch} to list them (is Flux's CRD installed, and may the "

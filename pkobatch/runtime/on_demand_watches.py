@@ -97,11 +97,6 @@ class OnDemandWatches:
             unused = self._unused(self._users.pop(user, None))
         self._stop(unused)
 
-    def watched(self) -> list[Resource]:
-        """The resources watched now."""
-        with self._lock:
-            return list(self._watches)
-
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
