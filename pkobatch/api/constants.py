@@ -68,6 +68,10 @@ CONDITION_STALLED: Final = "Stalled"
 CONDITION_DRIFTED: Final = "Drifted"
 # pkobatch: spec.approval.required and a plan waits for approval (True), or none does.
 CONDITION_APPROVAL_PENDING: Final = "ApprovalPending"
+# pkobatch: an annotation's value breaks its syntax or size bound and is ignored (True);
+# absent when every annotation the controller reads is accepted (api/annotations.py).
+CONDITION_ANNOTATIONS_REFUSED: Final = "AnnotationsRefused"
+ANNOTATION_INVALID_REASON: Final = "InvalidAnnotation"
 
 # Ready reasons.
 READY_COMPLETED_REASON: Final = "ProcessingCompleted"

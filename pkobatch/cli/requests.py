@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from pkobatch.api.annotations import RULE_OF, recorded_request
 from pkobatch.api.constants import (
     CONDITION_READY,
     FIELD_MANAGER_CLI,
@@ -33,6 +34,7 @@ from pkobatch.api.objects import JSON, condition_of
 from pkobatch.api.operation_request import FINAL_REQUEST_STATES
 from pkobatch.api.status import current_update, last_update
 from pkobatch.cli.runs import RunRecord
+from pkobatch.cli.session import CommandFailed
 from pkobatch.cli.views import operation_request, stack_view
 from pkobatch.kube.client import STACKS, Conflict, Kube
 
@@ -56,7 +58,10 @@ def set_annotation(
     kube: Kube, stack: JSON, key: str, value: str, *, field_manager: str = FIELD_MANAGER_CLI
 ) -> tuple[JSON, str | None]:
     """Set one annotation, guarded by resourceVersion; returns the patched Stack and the
-    value it replaced when that value was an operation request nobody had picked up yet."""
+    value it replaced when that value was an operation request nobody had picked up yet.
+    A value the controller would refuse (``api.annotations``) is not written."""
+    if key in RULE_OF and (problem := RULE_OF[key].problem(value)) is not None:
+        raise CommandFailed(f"not written, as the controller would refuse it: {problem}")
     metadata = stack["metadata"]
     current = stack
     for _ in range(_PATCH_ATTEMPTS):
@@ -84,10 +89,11 @@ def set_annotation(
 
 def unacknowledged_request(stack: Mapping[str, Any]) -> str | None:
     value = stack_annotations(stack).get(OPERATION_REQUEST_ANNOTATION)
+    if not value:
+        return None
+    recorded = recorded_request(value)
     request = operation_request(stack)
-    if value and (request is None or request.request != value):
-        return value
-    return None
+    return recorded if request is None or request.request != recorded else None
 
 
 # -- reading the answers ----------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from pkobatch.api.annotations import recorded_request
 from pkobatch.api.constants import (
     CONDITION_READY,
     CONDITION_RECONCILING,
@@ -124,9 +125,8 @@ def stack_view(stack: Mapping[str, Any]) -> StackView:
             request.operation if request is not None and request.job_name == current_run else ""
         )
     annotation = _str(_dict(metadata.get("annotations")).get(OPERATION_REQUEST_ANNOTATION))
-    pending = (
-        annotation if annotation and (request is None or request.request != annotation) else ""
-    )
+    recorded = recorded_request(annotation)
+    pending = recorded if annotation and (request is None or request.request != recorded) else ""
     return StackView(
         namespace=_str(metadata.get("namespace")),
         name=_str(metadata.get("name")),

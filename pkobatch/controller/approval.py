@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from pkobatch.api.annotations import accepted
 from pkobatch.api.constants import APPROVE_ANNOTATION, REJECT_ANNOTATION
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON
@@ -116,7 +117,7 @@ def approvals(
     if approved:
         path = ("f:spec", "f:approval", "f:approvedPlan")
         found.append(Approver(approved, field_manager(fields, path) or "unknown", VIA_SPEC))
-    annotated = str((meta.get("annotations") or {}).get(APPROVE_ANNOTATION) or "").strip()
+    annotated = accepted(stack, APPROVE_ANNOTATION)
     if annotated:
         path = ("f:metadata", "f:annotations", f"f:{APPROVE_ANNOTATION}")
         found.append(Approver(annotated, field_manager(fields, path) or "unknown", VIA_ANNOTATION))
@@ -129,17 +130,15 @@ def names_pending_plan(stack: Mapping[str, Any]) -> bool:
     if record.get("state") != "Pending":
         return False
     spec = stack.get("spec") or {}
-    annotations = (stack.get("metadata") or {}).get("annotations") or {}
     named = {
         str((spec.get("approval") or {}).get("approvedPlan") or "").strip(),
-        str(annotations.get(APPROVE_ANNOTATION) or "").strip(),
+        accepted(stack, APPROVE_ANNOTATION),
     }
     return str(record.get("planID") or "") in named
 
 
 def rejected_plan(stack: Mapping[str, Any]) -> str:
-    meta: Mapping[str, Any] = stack.get("metadata") or {}
-    return str((meta.get("annotations") or {}).get(REJECT_ANNOTATION) or "").strip()
+    return accepted(stack, REJECT_ANNOTATION)
 
 
 # -- decisions ----------------------------------------------------------------------------

@@ -42,11 +42,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from pkobatch.api.constants import (
-    FINALIZER,
-    JOB_STACK_UID_ANNOTATION,
-    RECONCILE_REQUEST_ANNOTATION,
-)
+from pkobatch.api.annotations import reconcile_request
+from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
 from pkobatch.api.objects import JSON, job_finished, owned_by
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.api.status import current_update, last_update
@@ -102,8 +99,7 @@ def run_awaited_for(stack: Mapping[str, Any]) -> tuple[int, str] | None:
     per-reconcile ``ls-remote`` does."""
     meta = stack.get("metadata") or {}
     status = stack.get("status")
-    request = str((meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or "")
-    change = (int(meta.get("generation") or 0), request)
+    change = (int(meta.get("generation") or 0), reconcile_request(stack))
     saved_plan = status.get("approval") if isinstance(status, Mapping) else None
     for recorded in (
         last_update(status),

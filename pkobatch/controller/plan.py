@@ -12,10 +12,11 @@ Order of the decision, which is also the order of priority:
    finished, fold its result (or the reason it has none); if it has vanished, fold an
    ``Interrupted`` failure. With no current run but an active Job of this Stack (a crash
    between creating the Job and writing status), adopt that Job.
-2. **Deletion.** ``pkobatch.io/abandon`` drops the finalizer. Otherwise wait for a running
-   Job, then remove the finalizer at once — unless ``destroyOnFinalize`` (and not
-   ``preview``) asks for a destroy first, retried with PKO's backoff; the finalizer goes
-   only after a destroy that succeeded.
+2. **Deletion.** ``pkobatch.io/abandon: "true"`` drops the finalizer (any other value is
+   refused, so the destroy runs). Otherwise wait for a running Job, then remove the
+   finalizer at once — unless ``destroyOnFinalize`` (and not ``preview``) asks for a
+   destroy first, retried with PKO's backoff; the finalizer goes only after a destroy that
+   succeeded.
 3. **Operation requests** (``pkobatch.io/operation-request: <op>:<token>``, see
    docs/operations.md), handled once each, acknowledged in ``status.operationRequest``.
 4. **One run at a time.** While any Job of the Stack is active, nothing else starts.
@@ -24,6 +25,10 @@ Order of the decision, which is also the order of priority:
 6. **PKO's sync decision** (``isSynced``): initial run, new generation, new reconcile
    request, new commit, resync, retry after backoff — else Ready, retrying, or Stalled.
 7. **Schedules**: ``spec.schedule`` runs, drift remediation, drift checks.
+
+Every annotation a user writes on the Stack is read through its rule in
+``pkobatch.api.annotations``: a value that breaks it is ignored in the safe direction and
+reported (``AnnotationsRefused``, or the request's ``Rejected`` answer), never copied.
 
 Job names are deterministic per decision, so when a Job with the name this decision would
 create already exists and has finished (its result was never folded), it is folded
@@ -46,6 +51,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, cast
 
+from pkobatch.api.annotations import (
+    accepted,
+    reconcile_request,
+    recorded_request,
+    refusal,
+    refusals,
+)
 from pkobatch.api.conditions import (
     READY_MESSAGE,
     find_condition,
@@ -57,6 +69,9 @@ from pkobatch.api.conditions import (
 )
 from pkobatch.api.constants import (
     ABANDON_ANNOTATION,
+    ANNOTATION_INVALID_REASON,
+    APPROVE_ANNOTATION,
+    CONDITION_ANNOTATIONS_REFUSED,
     CONDITION_APPROVAL_PENDING,
     CONDITION_DRIFTED,
     CONDITION_READY,
@@ -162,6 +177,15 @@ EVENT_REQUEST_REJECTED: Final = "OperationRequestRejected"
 EVENT_SPEC_NOTES: Final = "SpecNotes"
 EVENT_PLAN_APPROVED: Final = "PlanApproved"
 EVENT_PLAN_ENDED: Final = "PlanDiscarded"
+EVENT_ANNOTATION_REFUSED: Final = "AnnotationRefused"
+# The annotations whose refusal the AnnotationsRefused condition reports; an operation
+# request's is answered in status.operationRequest.
+CONDITION_CHECKED_ANNOTATIONS: Final = (
+    RECONCILE_REQUEST_ANNOTATION,
+    ABANDON_ANNOTATION,
+    APPROVE_ANNOTATION,
+    REJECT_ANNOTATION,
+)
 # Finished Jobs named in a run's snapshot (the Stack's history keeps a few more at most).
 MAX_ENDED_RUNS: Final = 20
 
@@ -354,7 +378,7 @@ class _Planner:
         self.uid = str(self.meta.get("uid") or "")
         self.generation = int(self.meta.get("generation") or 0)
         self.annotations: Mapping[str, str] = self.meta.get("annotations") or {}
-        self.request = str(self.annotations.get(RECONCILE_REQUEST_ANNOTATION) or "")
+        self.request = reconcile_request(stack)
         self.old_status: Mapping[str, Any] = stack.get("status") or {}
         self.status = cast(StatusObject, copy.deepcopy(dict(self.old_status)))
         self.conditions = _parse_conditions(self.status.get("conditions"))
@@ -365,6 +389,8 @@ class _Planner:
         self.requeue: list[float] = []
         # A Job whose run is recorded but whose pod is still stopping: no new run yet.
         self.stopping = ""
+        # Why ``_start`` could not create the run's Job (its build or the API server refused).
+        self.start_refused = ""
 
     # -- entry ---------------------------------------------------------------------------
 
@@ -376,6 +402,7 @@ class _Planner:
         if not deleting and FINALIZER not in finalizers:
             self.result.finalizer = "add"
         self._observe_generation()
+        self._refused_annotations()
         self._settle_current()
         for _ in range(3):
             try:
@@ -447,6 +474,27 @@ class _Planner:
             ]
             if notes:
                 self._event("Normal", EVENT_SPEC_NOTES, "; ".join(notes))
+
+    def _refused_annotations(self) -> None:
+        """AnnotationsRefused names every annotation whose value breaks its rule (and is
+        ignored); a Warning Event when that changes."""
+        refused = refusals(self.obs.stack, CONDITION_CHECKED_ANNOTATIONS)
+        if not refused:
+            self.conditions = remove_condition(self.conditions, CONDITION_ANNOTATIONS_REFUSED)
+            return
+        message = bound_message("; ".join(refused))
+        previous = find_condition(self.conditions, CONDITION_ANNOTATIONS_REFUSED)
+        self.conditions = set_condition(
+            self.conditions,
+            CONDITION_ANNOTATIONS_REFUSED,
+            "True",
+            ANNOTATION_INVALID_REASON,
+            message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+        if previous is None or previous.message != message:
+            self._event("Warning", EVENT_ANNOTATION_REFUSED, message)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -639,15 +687,16 @@ class _Planner:
         try:
             objects = self._build(run)
         except JobBuildError as exc:
-            self._stalled(STALLED_SPEC_INVALID_REASON, str(exc), EVENT_CONFIG_INVALID)
+            self.start_refused = str(exc)
+            self._stalled(STALLED_SPEC_INVALID_REASON, self.start_refused, EVENT_CONFIG_INVALID)
             return False
         if self.obs.job_rejected:
-            self._stalled(
-                STALLED_SPEC_INVALID_REASON,
-                f"the API server rejected the run's Job: {self.obs.job_rejected}; fix "
-                "spec.workspaceTemplate or spec.jobTemplate",
-                EVENT_CONFIG_INVALID,
+            self.start_refused = (
+                f"the API server refused the run's Job: {self.obs.job_rejected}. The Job "
+                "carries the Stack's spec.workspaceTemplate and spec.jobTemplate (its pod, "
+                "labels and annotations): change what the API server's message names"
             )
+            self._stalled(STALLED_SPEC_INVALID_REASON, self.start_refused, EVENT_CONFIG_INVALID)
             return False
         self.result.create_job = objects.job
         self.result.create_inputs = objects.inputs
@@ -662,8 +711,8 @@ class _Planner:
     # -- deletion ------------------------------------------------------------------------------
 
     def _finalize(self) -> None:
-        abandon = str(self.annotations.get(ABANDON_ANNOTATION) or "").lower()
-        if abandon and abandon != "false":
+        # Only `true` abandons: any other value (a typo) is refused and the destroy runs.
+        if accepted(self.obs.stack, ABANDON_ANNOTATION) == "true":
             self.result.finalizer = "remove"
             self.result.status = None
             self._event(
@@ -751,7 +800,7 @@ class _Planner:
     def _reject_request_while_deleting(self) -> None:
         value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
         current = operation_request_status(self.status)
-        if value and current.get("request") != value:
+        if value and current.get("request") != recorded_request(value):
             self._request_status(
                 value, split_request(value)[0], "Rejected", "", "the Stack is being deleted"
             )
@@ -1021,9 +1070,7 @@ class _Planner:
                 continue
             other_meta = other.get("metadata") or {}
             other_last = last_update(other.get("status"))
-            other_request = str(
-                (other_meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION) or ""
-            )
+            other_request = reconcile_request(other)
             if (
                 other_last.get("state") != "succeeded"
                 or other_last.get("type") == "destroy"
@@ -1106,32 +1153,29 @@ class _Planner:
         self, value: str, operation: str, state: RequestState, job: str, message: str
     ) -> None:
         previous = operation_request_status(self.status)
+        # A refused value is never copied whole (api.annotations.recorded_request).
+        recorded = recorded_request(value)
         self.status["operationRequest"] = {
-            "request": value,
-            "operation": operation,
+            "request": recorded,
+            "operation": operation if operation in REQUEST_OPERATIONS else "",
             "state": state,
             "jobName": job,
             "message": bound_message(message),
         }
-        if state == "Rejected" and previous.get("request") != value:
-            self._event("Warning", EVENT_REQUEST_REJECTED, f"{value}: {message}")
+        if state == "Rejected" and previous.get("request") != recorded:
+            self._event("Warning", EVENT_REQUEST_REJECTED, f"{recorded}: {message}")
 
     def _handle_operation_request(self) -> bool:
         """Act on a new (or still pending) request; True when it decided this pass."""
         value = str(self.annotations.get(OPERATION_REQUEST_ANNOTATION) or "")
         current = operation_request_status(self.status)
-        if not value or (current.get("request") == value and current.get("state") != "Pending"):
+        answered = current.get("request") == recorded_request(value)
+        if not value or (answered and current.get("state") != "Pending"):
             return False
-        operation, token = split_request(value)
-        if operation not in REQUEST_OPERATIONS or not token:
-            self._request_status(
-                value,
-                operation,
-                "Rejected",
-                "",
-                f"expected '<operation>:<token>' with operation one of "
-                f"{', '.join(REQUEST_OPERATIONS)}",
-            )
+        operation, _ = split_request(value)
+        problem = refusal(OPERATION_REQUEST_ANNOTATION, value)
+        if problem is not None:
+            self._request_status(value, operation, "Rejected", "", problem)
             return False
         blocking = self._blocking_job()
         if operation == "cancel":
@@ -1190,11 +1234,7 @@ class _Planner:
             self._request_status(value, operation, "Pending", "", "waiting for a free run slot")
             return True
         self._request_status(
-            value,
-            operation,
-            "Rejected",
-            "",
-            "the run could not be built (see the Stalled condition)",
+            value, operation, "Rejected", "", f"its run could not start: {self.start_refused}"
         )
         return True
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
+from pkobatch.api.annotations import MAX_REQUEST_CHARS, recorded_request
+from pkobatch.api.constants import APPROVE_ANNOTATION, OPERATION_REQUEST_ANNOTATION
 from pkobatch.cli.requests import (
     Progress,
     new_token,
     operation_progress,
     outcome,
     reconcile_progress,
+    set_annotation,
     unacknowledged_request,
 )
 from pkobatch.cli.runs import RunRecord
+from pkobatch.cli.session import CommandFailed
 
 REQUEST = "refresh:2026-11-30T12:00:00.123456789Z"
 
@@ -180,3 +186,31 @@ def test_outcome_without_a_result_uses_the_acknowledgement() -> None:
     assert (no_result.result, no_result.message, no_result.ok) == ("rejected", "suspended", False)
     assert (ok.result, ok.reason, ok.ok, ok.duration) == ("succeeded", "", True, None)
     assert ok.to_json()["durationSeconds"] is None
+
+
+class RefusingKube:
+    """A client that fails the test if anything is written."""
+
+    def merge_patch(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the CLI wrote a value the controller would refuse")
+
+
+def test_the_cli_never_writes_a_value_the_controller_would_refuse() -> None:
+    target = {"metadata": {"name": "web", "namespace": "team", "resourceVersion": "1"}}
+    kube: Any = RefusingKube()
+    oversized = "up:" + "t" * MAX_REQUEST_CHARS
+    with pytest.raises(CommandFailed, match=f"{OPERATION_REQUEST_ANNOTATION} is 259 characters"):
+        set_annotation(kube, target, OPERATION_REQUEST_ANNOTATION, oversized)
+    with pytest.raises(CommandFailed, match=f"{APPROVE_ANNOTATION}: 'plan-1' is not a plan id"):
+        set_annotation(kube, target, APPROVE_ANNOTATION, "plan-1")
+
+
+def test_an_oversized_request_the_controller_answered_is_not_pending() -> None:
+    value = "up:" + "t" * 300 * 1024
+    answered = stack(
+        {OPERATION_REQUEST_ANNOTATION: value},
+        operationRequest={"request": recorded_request(value), "state": "Rejected"},
+    )
+    assert unacknowledged_request(answered) is None
+    waiting = unacknowledged_request(stack({OPERATION_REQUEST_ANNOTATION: value}))
+    assert waiting == recorded_request(value) and len(waiting) <= MAX_REQUEST_CHARS

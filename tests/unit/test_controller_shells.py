@@ -628,6 +628,9 @@ def test_observe_checks_whether_a_stack_may_run_again_only_when_its_spec_changed
     assert probed == ["u1@1", "u1@2", "u2@2"]
 
 
+PLAN_ID = "plan-00000000000000000001"
+
+
 def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan() -> None:
     from pkobatch.controller.observe import Observer
     from pkobatch.controller.stores import Stores
@@ -644,7 +647,7 @@ def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan
         "kind": "Stack",
         "metadata": {"name": "app", "namespace": "ns", "uid": "stack-uid", "annotations": {}},
         "spec": {"stack": "dev", "approval": {"required": True}},
-        "status": {"approval": {"state": "Pending", "planID": "plan-1"}},
+        "status": {"approval": {"state": "Pending", "planID": PLAN_ID}},
     }
     live = LiveReads({("stacks", "app"): {**stack, "metadata": {"managedFields": managed}}})
     stores = Stores.empty()
@@ -659,7 +662,7 @@ def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan
     stores.stacks.upsert(
         {
             **stack,
-            "metadata": {**stack["metadata"], "annotations": {"pkobatch.io/approve": "plan-1"}},
+            "metadata": {**stack["metadata"], "annotations": {"pkobatch.io/approve": PLAN_ID}},
         }
     )
     observed = observer.observe(StackKey("ns", "app"), moment)

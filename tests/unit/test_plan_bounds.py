@@ -1,0 +1,114 @@
+"""The plan with annotations that break their rules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from test_plan import GIT_SPEC, World, deployed_world, rfc3339  # the unit tier's world
+
+from pkobatch.api.annotations import MAX_REQUEST_CHARS
+from pkobatch.api.constants import (
+    ABANDON_ANNOTATION,
+    OPERATION_REQUEST_ANNOTATION,
+    RECONCILE_REQUEST_ANNOTATION,
+)
+from pkobatch.controller.jobs import builtin_template
+from pkobatch.controller.plan import Observed, Plan, plan
+
+
+def delete(world: World) -> None:
+    world.stack["metadata"]["deletionTimestamp"] = rfc3339(world.now)
+    world.stack["metadata"]["generation"] += 1
+
+
+def test_an_abandon_typo_is_refused_once_and_the_destroy_still_runs() -> None:
+    for typo in ("no", "0"):
+        world = deployed_world({**GIT_SPEC, "destroyOnFinalize": True})
+        world.annotate(ABANDON_ANNOTATION, typo)
+        result = world.step()
+        refused = world.condition("AnnotationsRefused")
+        assert refused is not None and refused["reason"] == "InvalidAnnotation"
+        assert f"{ABANDON_ANNOTATION}: {typo!r} is not true or false" in refused["message"]
+        assert [e.reason for e in result.events] == ["AnnotationRefused"]
+        assert result.events[0].type == "Warning"
+        delete(world)
+        result = world.step()
+        assert (
+            result.create_job is not None and "-destroy-" in result.create_job["metadata"]["name"]
+        )
+        assert result.finalizer is None
+        assert "AnnotationRefused" not in [e.reason for e in result.events]
+        world.finish()
+        result = world.step()
+        assert result.finalizer == "remove"
+        assert world.stack["metadata"]["finalizers"] == []
+
+
+def test_abandon_true_releases_at_once_and_a_fixed_typo_clears_the_condition() -> None:
+    world = deployed_world({**GIT_SPEC, "destroyOnFinalize": True})
+    world.annotate(ABANDON_ANNOTATION, "yes")
+    world.step()
+    assert world.condition("AnnotationsRefused") is not None
+    world.annotate(ABANDON_ANNOTATION, "true")
+    assert world.step().events == []
+    assert world.condition("AnnotationsRefused") is None
+    delete(world)
+    result = world.step()
+    assert result.finalizer == "remove" and result.create_job is None
+    assert [e.reason for e in result.events] == ["FinalizerAbandoned"]
+
+
+def test_an_oversized_operation_request_is_rejected_without_entering_status() -> None:
+    world = deployed_world()
+    value = "refresh:" + "x" * 250 * 1024
+    world.annotate(OPERATION_REQUEST_ANNOTATION, value)
+    result = world.step()
+    assert result.create_job is None
+    answer = world.status["operationRequest"]
+    assert answer["state"] == "Rejected"
+    assert len(answer["request"]) <= MAX_REQUEST_CHARS
+    assert f"over its bound of {MAX_REQUEST_CHARS}" in answer["message"]
+    assert OPERATION_REQUEST_ANNOTATION in answer["message"]
+    assert len(json.dumps(world.status)) < 8 * 1024
+    assert [e.reason for e in result.events] == ["OperationRequestRejected"]
+    assert all(len(e.message) <= 4096 for e in result.events)
+    assert world.step().events == [] and world.step().create_job is None
+    assert world.condition("Ready")["status"] == "True"
+
+
+def test_an_oversized_reconcile_request_starts_nothing_and_is_never_stored() -> None:
+    world = deployed_world()
+    world.annotate(RECONCILE_REQUEST_ANNOTATION, "r" * (MAX_REQUEST_CHARS + 1))
+    result = world.step()
+    assert result.create_job is None
+    assert world.status["observedReconcileRequest"] == ""
+    refused = world.condition("AnnotationsRefused")
+    assert refused is not None and RECONCILE_REQUEST_ANNOTATION in refused["message"]
+    assert [e.reason for e in result.events] == ["AnnotationRefused"]
+    assert world.step().events == []
+    world.annotate(RECONCILE_REQUEST_ANNOTATION, "now")
+    result = world.step()
+    assert result.create_job is not None
+    assert world.status["observedReconcileRequest"] == "now"
+    assert world.condition("AnnotationsRefused") is None
+
+
+def refused_job_plan(world: World, message: str) -> Plan:
+    stack, jobs, results = world.observed_objects()
+    observed = Observed(stack=stack, jobs=jobs, results=results, now=world.now, source=world.source)
+    return plan(replace(observed, job_rejected=message), world.settings, builtin_template())
+
+
+def test_a_request_whose_job_the_api_server_refuses_is_answered_with_the_servers_words() -> None:
+    world = deployed_world()
+    world.annotate(OPERATION_REQUEST_ANNOTATION, "refresh:t1")
+    refusal = (
+        'Job.batch "x" is invalid: metadata.annotations: Too long: must have at most 262144 bytes'
+    )
+    result = refused_job_plan(world, refusal)
+    assert result.create_job is None and result.status is not None
+    answer = result.status["operationRequest"]
+    assert answer["state"] == "Rejected"
+    assert answer["message"].startswith("its run could not start: the API server refused")
+    assert refusal in answer["message"] and "Stalled condition" not in answer["message"]
