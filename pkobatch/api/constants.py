@@ -98,6 +98,8 @@ STALLED_NAMESPACE_TERMINATING_REASON: Final = "NamespaceTerminating"
 STALLED_DESTROY_HELD_REASON: Final = "DestroyedOnRequest"
 # pkobatch: planning the Stack failed (a bug); the message has the error.
 STALLED_RECONCILE_ERROR_REASON: Final = "ReconcileError"
+# pkobatch: spec.prerequisites lead back to a Stack on the way (the message names the cycle).
+STALLED_PREREQUISITE_CYCLE_REASON: Final = "PrerequisiteCycle"
 
 # Result reasons written by the runner (closed set, docs/runner.md).
 ResultReason = Literal[

@@ -45,6 +45,7 @@ from typing import Any
 from pkobatch.api.annotations import reconcile_request
 from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
 from pkobatch.api.objects import JSON, job_finished, owned_by
+from pkobatch.api.prerequisites import prerequisite_names
 from pkobatch.api.stack import load_stack_spec
 from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
@@ -180,14 +181,12 @@ class Observer:
             source = self._poller.head(key, polled, float(resync) if resync else None, awaited)
 
         prerequisites: dict[str, Mapping[str, Any] | None] = {}
-        for item in spec.get("prerequisites") or ():
-            if isinstance(item, Mapping) and item.get("name"):
-                name = str(item["name"])
-                prerequisite = self._stores.stacks.get(key.namespace, name)
-                if prerequisite is None and self._settings.shard_selector:
-                    # It may belong to another shard, whose Stacks this store does not hold.
-                    prerequisite = self._get(STACKS, name, key.namespace)
-                prerequisites[name] = prerequisite
+        for name in prerequisite_names(spec):
+            prerequisite = self._stores.stacks.get(key.namespace, name)
+            if prerequisite is None and self._settings.shard_selector:
+                # It may belong to another shard, whose Stacks this store does not hold.
+                prerequisite = self._get(STACKS, name, key.namespace)
+            prerequisites[name] = prerequisite
 
         managed_fields: list[JSON] = []
         if approval.names_pending_plan(stack):
@@ -204,12 +203,26 @@ class Observer:
             now=now,
             source=source,
             prerequisites=prerequisites,
+            prerequisite_graph=self._prerequisite_graph(key, spec),
             namespace_terminating=self._namespace_terminating(stack),
             pod_creation_failures=pod_creation_failures,
             run_pods=run_pods,
             managed_fields=managed_fields,
             run_check=run_check,
         )
+
+    def _prerequisite_graph(self, key: StackKey, spec: Mapping[str, Any]) -> dict[str, list[str]]:
+        """The prerequisites of the Stacks in the store reachable from ``key``'s, by name
+        (a Stack the store lacks, in another shard or missing, has none here)."""
+        graph = {key.name: prerequisite_names(spec)}
+        reached = list(graph[key.name])
+        while reached:
+            name = reached.pop()
+            other = None if name in graph else self._stores.stacks.get(key.namespace, name)
+            if other is not None:
+                graph[name] = prerequisite_names(other.get("spec") or {})
+                reached.extend(graph[name])
+        return graph
 
     def _source_object(
         self, key: StackKey, spec: Mapping[str, Any], may_run: bool

@@ -21,7 +21,7 @@ Order of the decision, which is also the order of priority:
    docs/operations.md), handled once each, acknowledged in ``status.operationRequest``.
 4. **One run at a time.** While any Job of the Stack is active, nothing else starts.
 5. **Suspend**, **invalid spec**, **source** (branch head), **hold after a requested
-   destroy**, **prerequisites**.
+   destroy**, **prerequisites** (a cycle among them stalls).
 6. **PKO's sync decision** (``isSynced``): initial run, new generation, new reconcile
    request, new commit, resync, retry after backoff — else Ready, retrying, or Stalled.
 7. **Schedules**: ``spec.schedule`` runs, drift remediation, drift checks.
@@ -93,6 +93,7 @@ from pkobatch.api.constants import (
     REJECT_ANNOTATION,
     STALLED_DESTROY_HELD_REASON,
     STALLED_NAMESPACE_TERMINATING_REASON,
+    STALLED_PREREQUISITE_CYCLE_REASON,
     STALLED_RECONCILE_ERROR_REASON,
     STALLED_SOURCE_UNAVAILABLE_REASON,
     STALLED_SPEC_INVALID_REASON,
@@ -105,6 +106,7 @@ from pkobatch.api.messages import bound_message
 from pkobatch.api.noop import noop_fields_in_use
 from pkobatch.api.objects import JSON, job_finished
 from pkobatch.api.operation_request import REQUEST_OPERATIONS, RequestState, split_request
+from pkobatch.api.prerequisites import prerequisite_cycle
 from pkobatch.api.program import program_revision
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack import Condition, FluxSource, SpecCheck, StackSpec, load_stack_spec
@@ -234,6 +236,9 @@ class Observed:
     source_object: SourceObject | None = None
     # The Stacks named in spec.prerequisites (None: does not exist).
     prerequisites: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    # Name -> prerequisites' names of the Stacks in the store reachable through
+    # spec.prerequisites, to find a cycle among them.
+    prerequisite_graph: Mapping[str, Sequence[str]] = field(default_factory=dict)
     namespace_terminating: bool = False
     # False when the cluster-wide cap of active Jobs is reached (see reconcile.Admission).
     slot_available: bool = True
@@ -1062,6 +1067,8 @@ class _Planner:
             self._reconciling(resting.reason, resting.message)
 
     def _prerequisites_ready(self, spec: StackSpec) -> bool:
+        if self._prerequisite_cycle(spec):
+            return False
         waiting: list[str] = []
         for prerequisite in spec.prerequisites or ():
             other = self.obs.prerequisites.get(prerequisite.name)
@@ -1099,6 +1106,30 @@ class _Planner:
         )
         self._requeue_in(PREREQUISITE_RECHECK)
         return False
+
+    def _prerequisite_cycle(self, spec: StackSpec) -> bool:
+        """Stalled when the prerequisites lead to a cycle: its Stacks would wait forever.
+        Looked at again every recheck, since an edit of any Stack on it can end it."""
+        graph = {
+            **self.obs.prerequisite_graph,
+            self.name: [p.name for p in spec.prerequisites or ()],
+        }
+        cycle = prerequisite_cycle(self.name, graph)
+        if not cycle:
+            return False
+        path = " -> ".join(cycle)
+        where = (
+            f"spec.prerequisites form a cycle: {path}"
+            if self.name in cycle
+            else f"its prerequisites wait on a cycle: {path}"
+        )
+        self._stalled(
+            STALLED_PREREQUISITE_CYCLE_REASON,
+            f"{where}; no Stack on it can ever run. Remove one of these prerequisites to "
+            "break the cycle",
+        )
+        self._requeue_in(PREREQUISITE_RECHECK)
+        return True
 
     def _schedules(self, spec: StackSpec, commit: str | None) -> None:
         """Drift remediation and drift checks; and the requeue for the next cron times."""

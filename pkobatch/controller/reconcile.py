@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pkobatch.api.objects import JSON, job_finished
+from pkobatch.api.prerequisites import prerequisite_names
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
 from pkobatch.controller.delivery import Notifier
 from pkobatch.controller.events import EventRecorder
@@ -314,14 +315,7 @@ class StackReconciler:
             self.dependents.record(key, [])
             return ReconcileResult()
         spec = observed.stack.get("spec") or {}
-        self.dependents.record(
-            key,
-            [
-                str(p["name"])
-                for p in spec.get("prerequisites") or ()
-                if isinstance(p, Mapping) and p.get("name")
-            ],
-        )
+        self.dependents.record(key, prerequisite_names(spec))
         relabels = handover(observed.stack, observed.jobs, observed.results)
         if relabels and self._settings.shard_selector:
             try:

@@ -74,6 +74,7 @@ class World:
         self.source: SourceHead | None = SourceHead(commit=head)
         self.source_object: SourceObject | None = None
         self.prerequisites: dict[str, dict[str, Any] | None] = {}
+        self.prerequisite_graph: dict[str, list[str]] = {}
         self.slot_available = True
         self.namespace_terminating = False
         self.pod_creation_failures: dict[str, str] = {}
@@ -109,6 +110,7 @@ class World:
             source=self.source,
             source_object=self.source_object,
             prerequisites=self.prerequisites,
+            prerequisite_graph=self.prerequisite_graph,
             namespace_terminating=self.namespace_terminating,
             slot_available=self.slot_available,
             pod_creation_failures=self.pod_creation_failures,

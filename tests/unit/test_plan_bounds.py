@@ -1,11 +1,12 @@
-"""The plan with annotations that break their rules."""
+"""The plan with annotations that break their rules, and with prerequisite cycles."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
-from test_plan import GIT_SPEC, World, deployed_world, rfc3339  # the unit tier's world
+from test_plan import GIT_SPEC, START, World, deployed_world, rfc3339  # the unit tier's world
 
 from pkobatch.api.annotations import MAX_REQUEST_CHARS
 from pkobatch.api.constants import (
@@ -112,3 +113,88 @@ def test_a_request_whose_job_the_api_server_refuses_is_answered_with_the_servers
     assert answer["state"] == "Rejected"
     assert answer["message"].startswith("its run could not start: the API server refused")
     assert refusal in answer["message"] and "Stalled condition" not in answer["message"]
+
+
+# -- prerequisite cycles ------------------------------------------------------------------
+
+
+def never_ran(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "generation": 1, "annotations": {}}, "status": {}}
+
+
+def succeeded(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "generation": 1, "annotations": {}},
+        "status": {
+            "lastUpdate": {
+                "state": "succeeded",
+                "type": "up",
+                "generation": 1,
+                "reconcileRequest": "",
+                "name": f"{name}-up-1",
+                "lastResyncTime": rfc3339(START),
+            }
+        },
+    }
+
+
+def test_a_two_cycle_stalls_naming_it_and_recovers_when_broken() -> None:
+    world = World({**GIT_SPEC, "prerequisites": [{"name": "base"}]})
+    world.prerequisites = {"base": never_ran("base")}
+    world.prerequisite_graph = {"base": ["app"]}
+    result = world.step()
+    assert result.create_job is None
+    stalled = world.condition("Stalled")
+    assert stalled is not None and stalled["reason"] == "PrerequisiteCycle"
+    assert "spec.prerequisites form a cycle: app -> base -> app" in stalled["message"]
+    assert world.condition("Reconciling") is None
+    assert [e.reason for e in result.events] == ["PrerequisiteCycle"]
+    assert result.requeue_after == 30
+    assert world.step().events == []
+
+    world.prerequisite_graph = {"base": []}  # base's spec was edited
+    world.step()
+    assert world.condition("Stalled") is None
+    assert world.condition("Reconciling")["reason"] == "PrerequisiteNotSatisfied"
+    world.prerequisites = {"base": succeeded("base")}
+    assert world.step().create_job is not None
+
+
+def test_a_stack_needing_itself_stalls_until_its_spec_drops_it() -> None:
+    world = World({**GIT_SPEC, "prerequisites": [{"name": "app"}]})
+    world.prerequisites = {"app": never_ran("app")}
+    world.step()
+    stalled = world.condition("Stalled")
+    assert stalled is not None and stalled["reason"] == "PrerequisiteCycle"
+    assert "cycle: app -> app;" in stalled["message"]
+    world.edit_spec(prerequisites=[])
+    world.prerequisites = {}
+    assert world.step().create_job is not None
+    assert world.condition("Stalled") is None
+
+
+def test_a_stack_waiting_on_a_cycle_it_is_not_part_of_is_stalled_too() -> None:
+    world = World({**GIT_SPEC, "prerequisites": [{"name": "db"}]})
+    world.prerequisites = {"db": never_ran("db")}
+    world.prerequisite_graph = {"db": ["net"], "net": ["dns"], "dns": ["net"]}
+    world.step()
+    stalled = world.condition("Stalled")
+    assert stalled is not None
+    assert "its prerequisites wait on a cycle: net -> dns -> net" in stalled["message"]
+
+
+def test_a_diamond_of_prerequisites_only_waits() -> None:
+    world = World({**GIT_SPEC, "prerequisites": [{"name": "left"}, {"name": "right"}]})
+    world.prerequisites = {"left": never_ran("left"), "right": succeeded("right")}
+    world.prerequisite_graph = {"left": ["bottom"], "right": ["bottom"], "bottom": []}
+    world.step()
+    assert world.condition("Stalled") is None
+    assert world.condition("Reconciling")["reason"] == "PrerequisiteNotSatisfied"
+
+
+def test_a_prerequisite_with_a_refused_reconcile_request_still_counts_as_succeeded() -> None:
+    world = World({**GIT_SPEC, "prerequisites": [{"name": "base"}]})
+    base = succeeded("base")
+    base["metadata"]["annotations"] = {RECONCILE_REQUEST_ANNOTATION: "r" * 1000}
+    world.prerequisites = {"base": base}
+    assert world.step().create_job is not None
