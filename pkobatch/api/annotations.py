@@ -91,6 +91,18 @@ class AnnotationRule:
         return None if problem is None else f"{problem}; {self.refused}; {self.fix}"
 
 
+def _plan_id_rule(name: str, verb: str) -> AnnotationRule:
+    """``pkobatch.io/approve`` and ``pkobatch.io/reject``: the id of the pending plan."""
+    return AnnotationRule(
+        name=name,
+        syntax=f"a plan id ('{PLAN_ID_PREFIX}' and 20 hexadecimal digits, status.approval.planID)",
+        max_chars=_PLAN_ID_CHARS,
+        valid=_plan_id,
+        refused=f"it is ignored: no plan is {verb}d",
+        fix=f"{verb} with `pkobatch {verb} NAME`, which writes the pending plan's id",
+    )
+
+
 RULES: Final[tuple[AnnotationRule, ...]] = (
     AnnotationRule(
         name=RECONCILE_REQUEST_ANNOTATION,
@@ -119,22 +131,8 @@ RULES: Final[tuple[AnnotationRule, ...]] = (
         refused="it is ignored: deleting the Stack runs its destroy as if it were not set",
         fix="set it to true to delete the Stack without destroying its resources, or remove it",
     ),
-    AnnotationRule(
-        name=APPROVE_ANNOTATION,
-        syntax=f"a plan id ('{PLAN_ID_PREFIX}' and 20 hexadecimal digits, status.approval.planID)",
-        max_chars=_PLAN_ID_CHARS,
-        valid=_plan_id,
-        refused="it is ignored: no plan is approved",
-        fix="approve with `pkobatch approve NAME`, which writes the pending plan's id",
-    ),
-    AnnotationRule(
-        name=REJECT_ANNOTATION,
-        syntax=f"a plan id ('{PLAN_ID_PREFIX}' and 20 hexadecimal digits, status.approval.planID)",
-        max_chars=_PLAN_ID_CHARS,
-        valid=_plan_id,
-        refused="it is ignored: no plan is rejected",
-        fix="reject with `pkobatch reject NAME`, which writes the pending plan's id",
-    ),
+    _plan_id_rule(APPROVE_ANNOTATION, "approve"),
+    _plan_id_rule(REJECT_ANNOTATION, "reject"),
 )
 RULE_OF: Final[Mapping[str, AnnotationRule]] = {rule.name: rule for rule in RULES}
 
