@@ -1,5 +1,6 @@
 """The controller against the real control plane, for what needs no Pulumi run: finalizer,
-spec problems, deletion, shared branch polling, and staying idle.
+spec problems, deletion, shared branch polling, staying idle, and annotations over their
+bounds.
 
 The controller runs as a process under its own ServiceAccount with exactly the RBAC of
 deploy/kustomize/base (tests/controller_harness.py): any call it makes outside those rules
@@ -25,7 +26,15 @@ from controller_harness import (
     wait_stack,
 )
 
-from pkobatch.api.constants import ABANDON_ANNOTATION, FINALIZER, OPERATION_LABEL, STACK_LABEL
+from pkobatch.api.annotations import MAX_REQUEST_CHARS
+from pkobatch.api.constants import (
+    ABANDON_ANNOTATION,
+    FINALIZER,
+    OPERATION_LABEL,
+    OPERATION_REQUEST_ANNOTATION,
+    RECONCILE_REQUEST_ANNOTATION,
+    STACK_LABEL,
+)
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
@@ -694,3 +703,97 @@ def test_a_missing_flux_source_is_named_once_its_kind_is_watched(
     )
     assert condition(stack, "Reconciling")["reason"] == "WaitingForSource"
     assert "lastUpdate" not in stack["status"]
+
+
+# -- annotations over their bounds (issue 26, item 6) ------------------------------------
+
+OVERSIZED = 250 * 1024
+# Everything a Stack holds here but an oversized annotation: metadata, spec, status.
+SMALL = 16 * 1024
+
+
+def annotate(kube: Kube, namespace: str, name: str, key: str, value: str) -> None:
+    kube.merge_patch(STACKS, name, {"metadata": {"annotations": {key: value}}}, namespace)
+
+
+def test_an_oversized_operation_request_is_rejected_without_bloating_the_stack(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    # A suspended Stack still answers requests.
+    apply_stack(kube, namespace, "big", {"stack": "dev", "suspend": True})
+    wait_stack(kube, namespace, "big", lambda s: condition(s, "Ready").get("reason") == "Suspended")
+    value = "refresh:" + "x" * OVERSIZED
+    annotate(kube, namespace, "big", OPERATION_REQUEST_ANNOTATION, value)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "big",
+        lambda s: (s["status"].get("operationRequest") or {}).get("state") == "Rejected",
+        timeout=120,
+    )
+    answer = stack["status"]["operationRequest"]
+    assert len(answer["request"]) <= MAX_REQUEST_CHARS
+    assert answer["request"].startswith("refresh:xxx")
+    assert f"({len(value)} characters, sha256 " in answer["request"]
+    assert (
+        f"{OPERATION_REQUEST_ANNOTATION} is {len(value)} characters long, over its bound of "
+        f"{MAX_REQUEST_CHARS}"
+    ) in answer["message"]
+    assert len(json.dumps(stack["status"])) < SMALL
+    # The stored object is the annotation and a few KiB, not the annotation three times.
+    assert len(json.dumps(stack)) < len(value) + SMALL
+    events = wait_events(
+        kube,
+        namespace,
+        lambda e: e["regarding"]["name"] == "big" and e["reason"] == "OperationRequestRejected",
+        timeout=120,
+    )
+    assert all(len(e["note"]) <= 1024 and "over its bound" in e["note"] for e in events)
+    controller.caught_up()
+    assert stack_jobs(kube, namespace, "big") == []
+    assert kube.get(STACKS, "big", namespace)["status"]["operationRequest"] == answer
+
+
+def test_an_oversized_reconcile_request_is_refused_in_a_condition_and_never_stored(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    apply_stack(kube, namespace, "long", {"stack": "dev", "suspend": True})
+    annotate(kube, namespace, "long", RECONCILE_REQUEST_ANNOTATION, "ok-1")
+    wait_stack(
+        kube,
+        namespace,
+        "long",
+        lambda s: (s.get("status") or {}).get("observedReconcileRequest") == "ok-1",
+    )
+    oversized = "r" * OVERSIZED
+    annotate(kube, namespace, "long", RECONCILE_REQUEST_ANNOTATION, oversized)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "long",
+        lambda s: condition(s, "AnnotationsRefused").get("status") == "True",
+        timeout=120,
+    )
+    refused = condition(stack, "AnnotationsRefused")
+    assert refused["reason"] == "InvalidAnnotation"
+    assert f"{RECONCILE_REQUEST_ANNOTATION} is {OVERSIZED} characters long" in refused["message"]
+    assert stack["status"]["observedReconcileRequest"] == "ok-1"
+    assert len(json.dumps(stack["status"])) < SMALL
+    wait_events(
+        kube,
+        namespace,
+        lambda e: e["regarding"]["name"] == "long" and e["reason"] == "AnnotationRefused",
+        timeout=120,
+    )
+
+    annotate(kube, namespace, "long", RECONCILE_REQUEST_ANNOTATION, "ok-2")
+    wait_stack(
+        kube,
+        namespace,
+        "long",
+        lambda s: (
+            s["status"].get("observedReconcileRequest") == "ok-2"
+            and not condition(s, "AnnotationsRefused")
+        ),
+        timeout=120,
+    )
