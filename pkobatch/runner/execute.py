@@ -62,7 +62,7 @@ from pkobatch.runner.plans import (
     planned_steps,
 )
 from pkobatch.runner.pulumi_start import PulumiStart, pulumi_command_failure
-from pkobatch.runner.redact import PULUMI_SECRET_ENV, secret_output_keys
+from pkobatch.runner.redact import PASSPHRASE_FILE_ENV, PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
 from pkobatch.runner.run_log import RunLog, scrubbed_output
 from pkobatch.runner.runtimes import (
@@ -75,7 +75,7 @@ from pkobatch.runner.runtimes import (
     pulumi_home,
     search_path,
 )
-from pkobatch.runner.stack_config import collect_config, plan_config, secret_values
+from pkobatch.runner.stack_config import ConfigItem, collect_config, plan_config, secret_values
 from pkobatch.runner.workspace import (
     CACHE_DIR_ENV,
     Project,
@@ -123,6 +123,36 @@ def secret_env_names(snapshot: RunSnapshot, spec: StackSpec) -> list[str]:
         if "secretKeyRef" in (item.get("valueFrom") or {}):
             names.append(str(item.get("name")))
     return names
+
+
+def known_secrets(
+    snapshot: RunSnapshot,
+    spec: StackSpec,
+    env: Mapping[str, str],
+    config: Mapping[str, ConfigItem],
+    credentials: git.GitCredentials | None,
+) -> list[str | None]:
+    """Every secret value a run knows before it starts (None: not given): git credentials,
+    secret config values (secretsRef, inline secrets), the secret variables
+    (``secret_env_names``: envRefs of type Secret, Pulumi's passphrase and token, ...) and
+    the passphrase file's content."""
+    return [
+        *(credentials.secrets() if credentials else []),
+        *secret_values(config),
+        *(env.get(name) for name in secret_env_names(snapshot, spec)),
+        _passphrase_from_file(env),
+    ]
+
+
+def _passphrase_from_file(env: Mapping[str, str]) -> str | None:
+    """The passphrase Pulumi reads from ``$PULUMI_CONFIG_PASSPHRASE_FILE``, if any."""
+    path = env.get(PASSPHRASE_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text(errors="surrogateescape")
+    except OSError:
+        return None  # Pulumi fails on it too, and says so
 
 
 def runner_only_env_names(snapshot: RunSnapshot) -> set[str]:
@@ -203,12 +233,15 @@ def execute(
     if reason != "Succeeded" and cancellation.requested:
         stopped = cancellation.failure()
         reason, message = stopped.reason, f"{stopped.message}\n{message}".strip()
+    scrub = log.redactor.scrub
+    # Every free-text field is scrubbed, and scrubbed before it is cut to its bound (a cut
+    # secret would no longer be recognised); outputs were masked when they were read.
     result = RunResult(
         operation=snapshot.operation,
         drift_check=snapshot.drift_check,
         state="succeeded" if reason == "Succeeded" else "failed",
         reason=reason,
-        message=bound_message(log.redactor.scrub(message)),
+        message=bound_message(scrub(message)),
         stack=snapshot.stack,
         job_name=snapshot.job_name,
         generation=snapshot.generation,
@@ -220,13 +253,15 @@ def execute(
         secret_outputs=outcome.secret_outputs,
         changes=outcome.changes,
         drifted_resources=outcome.drifted,
-        permalink=outcome.permalink,
+        permalink=scrub(outcome.permalink),
         pulumi_version=run.pulumi_version,
         project_info=run.project_info,
         language_host=run.language_host,
-        cleared_locks=[bound_message(log.redactor.scrub(note)) for note in run.cleared_locks],
+        cleared_locks=[bound_message(scrub(note)) for note in run.cleared_locks],
         plan_id=outcome.plan_id,
-        planned_resources=outcome.planned,
+        planned_resources=[
+            step.model_copy(update={"urn": scrub(step.urn)}) for step in outcome.planned
+        ],
         planned_resource_count=outcome.planned_count,
     )
     return bound_result(result)
@@ -248,9 +283,7 @@ def _execute(run: _Run) -> OperationOutput:
         else None
     )
     config = collect_config(spec, snapshot.config_from_env, env, snapshot.secrets_from_env)
-    redactor = log.redactor
-    redactor.add(*(credentials.secrets() if credentials else []), *secret_values(config))
-    redactor.add_env(env, secret_env_names(snapshot, spec))
+    log.redactor.add(*known_secrets(snapshot, spec, env, config, credentials))
     hidden = runner_only_env_names(snapshot)
     run.process_env = {name: value for name, value in env.items() if name not in hidden}
 
@@ -504,8 +537,7 @@ def _install_dependencies(
         run.log.pulumi(line)
     if done.returncode != 0:
         raise RunFailure(
-            "ProgramError",
-            bound_message(f"pulumi install failed: {(done.stderr or done.stdout).strip()}"),
+            "ProgramError", f"pulumi install failed: {(done.stderr or done.stdout).strip()}"
         )
 
 
@@ -602,7 +634,7 @@ def _operate_once(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
     def pick(override: Any, default: Any) -> Any:
         return override if override is not None else default
 
-    common: dict[str, Any] = {"on_output": log.pulumi, "on_error": log.pulumi}
+    common: dict[str, Any] = {"on_output": log.pulumi, "on_error": log.pulumi_error}
     level = (
         spec.workspace_template.spec.pulumi_log_level
         if (spec.workspace_template and spec.workspace_template.spec)

@@ -1,7 +1,9 @@
 """The run's log: Pulumi's output and the runner's own steps, scrubbed, one line at a time.
 
 In a Job this is the pod's log (stdout). Every line goes through the run's ``Redactor``
-first, and is flushed at once so ``kubectl logs -f`` follows the run live.
+first, and is flushed at once so ``kubectl logs -f`` follows the run live. Lines of one stream
+(Pulumi's stdout, its stderr, the program's own output) are scrubbed as a sequence, so a
+secret Pulumi printed across several lines is replaced on each (``Redactor.scrub_stream``).
 """
 
 from __future__ import annotations
@@ -23,19 +25,32 @@ class RunLog:
         self._stream = stream
         self.redactor = redactor
         self._lock = threading.Lock()  # Pulumi's stdout and stderr arrive on two threads
+        # Per stream: the braces of a Go-printed secret its last line left open.
+        self._open: dict[str, int] = {}
 
     def _write(self, text: str) -> None:
-        with self._lock:
-            self._stream.write(self.redactor.scrub(text) + "\n")
-            self._stream.flush()
+        self._stream.write(text + "\n")
+        self._stream.flush()
 
     def step(self, message: str) -> None:
         """A line from the runner itself."""
-        self._write(RUNNER_PREFIX + message)
+        with self._lock:
+            self._write(self.redactor.scrub(RUNNER_PREFIX + message))
+
+    def _line(self, stream: str, line: str) -> None:
+        with self._lock:
+            scrubbed, self._open[stream] = self.redactor.scrub_stream(
+                line, self._open.get(stream, 0)
+            )
+            self._write(scrubbed)
 
     def pulumi(self, line: str) -> None:
-        """A line of Pulumi's (or the program's) output."""
-        self._write(line)
+        """A line of Pulumi's (or the program's) standard output."""
+        self._line("stdout", line)
+
+    def pulumi_error(self, line: str) -> None:
+        """A line of Pulumi's (or the program's) standard error."""
+        self._line("stderr", line)
 
 
 class ScrubbingWriter(io.TextIOBase):
@@ -50,6 +65,7 @@ class ScrubbingWriter(io.TextIOBase):
         self._target = target
         self._redactor = redactor
         self._pending = ""
+        self._open = 0  # the braces of a Go-printed secret the last line left open
         self._lock = threading.Lock()
 
     def writable(self) -> bool:
@@ -60,14 +76,16 @@ class ScrubbingWriter(io.TextIOBase):
             self._pending += text
             if "\n" in self._pending:
                 complete, self._pending = self._pending.rsplit("\n", 1)
-                self._target.write(self._redactor.scrub(complete) + "\n")
+                scrubbed, self._open = self._redactor.scrub_stream(complete, self._open)
+                self._target.write(scrubbed + "\n")
                 self._target.flush()
         return len(text)
 
     def flush(self) -> None:
         with self._lock:
             if self._pending:
-                self._target.write(self._redactor.scrub(self._pending))
+                scrubbed, self._open = self._redactor.scrub_stream(self._pending, self._open)
+                self._target.write(scrubbed)
                 self._pending = ""
             self._target.flush()
 
