@@ -4,8 +4,9 @@ Everything here is pure. The runner raises ``RunFailure`` where it knows the rea
 (git, spec, dependencies) and turns a failed Pulumi command into one with
 ``classify_pulumi_error`` from the Automation API's error class name and the command's
 output. The message is what users read in ``status.lastUpdate.message``: the error lines
-Pulumi printed (its "Diagnostics" section and stderr), not its progress display, cut to
-``MAX_MESSAGE_CHARS``.
+Pulumi printed (its "Diagnostics" section and stderr), not its progress display. It is not
+cut here: the runner scrubs secret values from it first and then bounds it
+(``pkobatch.runner.execute``), since a secret cut in two would no longer be recognised.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 from typing import Final
 
 from pkobatch.api.constants import ResultReason
-from pkobatch.api.messages import bound_message
 
 
 class RunFailure(Exception):
@@ -57,18 +57,14 @@ def classify_pulumi_error(kind: str, stdout: str, stderr: str) -> RunFailure:
     if kind == "ConcurrentUpdateError" or _CONFLICT_PATTERNS.search(text):
         return RunFailure(
             "UpdateConflict",
-            bound_message(
-                "the stack is locked by another update; if none is running, release the "
-                f"lock with `pulumi cancel`\n{message}"
-            ),
+            "the stack is locked by another update; if none is running, release the lock "
+            f"with `pulumi cancel`\n{message}",
         )
     if _PLAN_PATTERNS.search(text):
         return RunFailure(
             "PlanMismatch",
-            bound_message(
-                "the stack or the program no longer matches the approved plan; nothing the "
-                f"plan did not allow was applied, and a new plan is made for review\n{message}"
-            ),
+            "the stack or the program no longer matches the approved plan; nothing the plan "
+            f"did not allow was applied, and a new plan is made for review\n{message}",
         )
     if kind in _PROGRAM_KINDS:
         return RunFailure("ProgramError", message)
@@ -123,4 +119,4 @@ def pulumi_error_message(stdout: str, stderr: str) -> str:
     if not parts:
         tail = [line.strip() for line in stdout.splitlines() if line.strip()][-20:]
         parts = ["\n".join(tail)] if tail else ["the Pulumi command failed without output"]
-    return bound_message("\n".join(parts))
+    return "\n".join(parts)

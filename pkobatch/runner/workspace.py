@@ -39,7 +39,6 @@ from typing import Any, Final
 
 import yaml
 
-from pkobatch.api.messages import bound_message
 from pkobatch.api.run import ProjectInfo
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.runtimes import INSTALL_TIMEOUT_SECONDS
@@ -166,10 +165,8 @@ def ensure_virtualenv(cache_dir: Path, requirements: Path, log: Log, run: Run) -
             if done.returncode != 0:
                 raise RunFailure(
                     "ProgramError",
-                    bound_message(
-                        f"installing {requirements.name} failed: "
-                        f"{(done.stderr or done.stdout).strip()}"
-                    ),
+                    f"installing {requirements.name} failed: "
+                    f"{(done.stderr or done.stdout).strip()}",
                 )
         try:
             os.rename(building, target)
