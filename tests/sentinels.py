@@ -12,7 +12,9 @@ then looked for everywhere else it must never be:
   controllers' logs, the pods' logs, the control plane's logs and the in-process log of
   the node agent;
 - the argument list (``/proc/*/cmdline``) of every process on the machine, sampled all
-  session long, so a short-lived process (a ``pulumi`` call inside a run) is seen too.
+  session long, so a short-lived process (a ``pulumi`` call inside a run) is seen too;
+- everything a test's stand-in for an outside system received (the body of every request
+  a test's webhook receiver got: ``record_received``), at the end of the session.
 
 A value counts as found as is or base64-encoded (as it would be in a ConfigMap's
 ``binaryData`` or a careless copy of a Secret's ``data``). Values are random per session, so
@@ -23,8 +25,8 @@ sentinel's label and the place, never the value.
 elsewhere (a generated password). The session fixture ``sentinel_session`` (autouse: the
 root ``tests/conftest.py`` registers this module as a plugin) samples process arguments all
 session long and, at its teardown — the session's last, after the cluster's final scan —
-fails the session with every leak found. The ``namespace`` fixture fails the test whose
-namespace held a leak.
+fails the session with every leak found, in those and in what ``record_received`` kept.
+The ``namespace`` fixture fails the test whose namespace held a leak.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ SCANNED_RESOURCES: Final = (JOBS, PODS, CONFIGMAPS, STACKS, CORE_EVENTS, EVENTS)
 PROC: Final = Path("/proc")
 
 _planted: dict[str, str] = {}  # value -> label
+_received: list[tuple[str, str]] = []  # (where, text)
 _lock = threading.Lock()
 
 
@@ -136,6 +139,21 @@ def scan_files(paths: Iterable[Path], sentinels: Mapping[str, str]) -> list[Leak
 def scan_logs(root: Path, sentinels: Mapping[str, str]) -> list[Leak]:
     """Leaks in every ``*.log`` file under ``root``."""
     return scan_files(sorted(root.rglob("*.log")), sentinels) if sentinels else []
+
+
+def record_received(where: str, data: bytes) -> None:
+    """Keep ``data`` that a test's stand-in for an outside system received (a webhook
+    request's body) for the scan at the end of the session; ``where`` names it (never with a
+    secret value)."""
+    with _lock:
+        _received.append((where, data.decode(errors="replace")))
+
+
+def scan_received(sentinels: Mapping[str, str]) -> list[Leak]:
+    """Leaks in everything ``record_received`` kept."""
+    with _lock:
+        received = list(_received)
+    return [leak for where, text in received for leak in find(text, where, sentinels)]
 
 
 def process_arguments() -> dict[int, str]:
@@ -230,6 +248,7 @@ def sentinel_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
         *watch.leaks,
         *scan_processes(values),
         *scan_logs(tmp_path_factory.getbasetemp(), values),
+        *scan_received(values),
     ]
     unique = list(dict.fromkeys(leaks))
     if unique:

@@ -4,7 +4,8 @@ Function scope
 --------------
 ``receivers_on_loopback`` -> ``start()`` -> (``Receiver``, port): a recording webhook receiver
 (``Receiver``: every request and its answer; ``holding``/``release`` to hold requests
-unanswered; ``status`` the answer to give), shut down after the test.
+unanswered; ``status`` the answer to give), shut down after the test. Every body it gets is
+also kept for the sentinel scan (``sentinels.record_received``).
 
 ``hanging`` -> ``HangingServer``: accepts connections and never answers them.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 from controller_harness import create_secret
+from sentinels import record_received
 
 from pkobatch.kube.client import Kube
 
@@ -67,6 +69,7 @@ def serve(receiver: Receiver) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            record_received("the body of a request a test's webhook receiver got", body)
             held = receiver.holding.is_set()
             answer = receiver.answer
             with receiver.lock:

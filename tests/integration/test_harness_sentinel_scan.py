@@ -1,5 +1,6 @@
 """The sentinel scan itself (tests/sentinels.py): a deliberately leaked sentinel is found in
-every kind of place it covers, and a leak fails the pytest session that made it.
+every kind of place it covers (objects, logs, process arguments, what a test's receivers
+got), and a leak fails the pytest session that made it.
 
 The leaks planted here use private sentinels (not registered for the session), so this
 session's own scan stays clean; the last test runs a separate pytest session that leaks a
@@ -16,7 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from sentinels import ArgumentWatch, encodings, scan_logs, scan_objects
+from sentinels import (
+    ArgumentWatch,
+    encodings,
+    record_received,
+    scan_logs,
+    scan_objects,
+    scan_received,
+)
 
 from pkobatch.kube.client import CONFIGMAPS, CORE_EVENTS, EVENTS, JOBS, PODS, STACKS, Kube
 
@@ -184,6 +192,18 @@ def test_a_sentinel_in_a_process_argument_list_or_a_log_is_found(tmp_path: Path)
     assert len(watch.leaks) == 1
     assert watch.leaks[0].label == "selftest" and "the arguments of process" in watch.leaks[0].where
     assert value not in watch.leaks[0].where and "<sentinel selftest>" in watch.leaks[0].where
+
+
+def test_a_sentinel_in_what_a_test_receiver_got_is_found() -> None:
+    value, sentinels = private_sentinel()
+    record_received("a clean webhook body", b'{"summary": "run failed: [secret]"}')
+    assert scan_received(sentinels) == []
+    record_received("a leaking webhook body", f'{{"summary": "failed: {value}"}}'.encode())
+    record_received("an encoding one", base64.b64encode(b"z" + value.encode()))
+    assert {leak.where for leak in scan_received(sentinels)} == {
+        "a leaking webhook body",
+        "an encoding one",
+    }
 
 
 def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess[str]:
