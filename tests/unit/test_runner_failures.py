@@ -7,6 +7,7 @@ import pytest
 from pkobatch.api.constants import RESULT_REASONS
 from pkobatch.api.messages import MAX_MESSAGE_CHARS, bound_message
 from pkobatch.runner.failures import classify_pulumi_error, pulumi_error_message
+from pkobatch.runner.redact import Redactor
 
 # Real output of `pulumi up` (3.259.0) for a program with a SyntaxError, run inline.
 PROGRAM_ERROR_STDOUT = """Updating (bad):
@@ -115,3 +116,18 @@ def test_bound_message_keeps_both_ends_within_the_limit() -> None:
     assert bounded.startswith("START") and bounded.endswith("END")
     assert "characters omitted" in bounded
     assert bound_message("short") == "short"
+
+
+def test_a_long_message_is_left_whole_for_the_runner_to_scrub_before_cutting() -> None:
+    secret = "a-secret-value-near-the-cut"
+    redactor = Redactor([secret])
+    head = (MAX_MESSAGE_CHARS - 64) // 4  # about where bound_message cuts the start
+    for position in range(head - len(secret) - 40, head + 40, 7):
+        error = "e" * position + secret + "f" * 20_000
+        failure = classify_pulumi_error(
+            "CommandError", f"Diagnostics:\n  s:\n    error: {error}\n", ""
+        )
+        assert secret in failure.message
+        message = bound_message(redactor.scrub(failure.message)).replace("[secret]", "\0")
+        pieces = {secret[i : i + 6] for i in range(len(secret) - 5)}
+        assert not any(piece in message for piece in pieces), position
