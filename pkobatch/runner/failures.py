@@ -38,8 +38,15 @@ _SPEC_PATTERNS: Final = re.compile(
     r"|unsupported secrets provider|environments are not supported",
     re.IGNORECASE,
 )
-# `up --plan` refusing an operation the saved plan does not allow.
-_PLAN_PATTERNS: Final = re.compile(r"violates plan|plan: [^\n]*not allowed|is not in the plan")
+# Every error with which Pulumi's engine (pkg/resource/deploy of v3.259.0) refuses what the
+# saved plan of `up --plan` does not allow: a resource's inputs, options or outputs
+# ("resource <urn> violates plan: ...", "resource violates plan: ..."), an operation ("<op>
+# is not allowed by the plan: ..."), a planned operation that never came, a resource the
+# plan does not know.
+_PLAN_PATTERNS: Final = re.compile(
+    r"violates plan|is not allowed by the plan"
+    r"|expected resource operations for \S+ but none were seen|no plan for resource"
+)
 _REPEATED: Final = "an unhandled error occurred: "
 _PROGRAM_KINDS: Final = frozenset({"CompilationError", "RuntimeError", "InlineSourceRuntimeError"})
 

@@ -57,12 +57,68 @@ def test_an_unreadable_plan_secret_is_a_plan_mismatch() -> None:
         plan_from_secret({"data": {}}, "p")
 
 
-def test_an_update_that_violates_its_plan_is_a_plan_mismatch() -> None:
-    stdout = (
-        "Diagnostics:\n  pulumi:providers:pulumi-python (default):\n    error: resource "
-        "urn:pulumi:dev::p::pulumi:providers:pulumi-python::default violates plan: properties "
-        "changed: ++p:content[{hello}!={changed}]\n"
-    )
-    failure = classify_pulumi_error("CommandError", stdout, "")
+URN = "urn:pulumi:dev::p::kubernetes:core/v1:ConfigMap::settings"
+
+
+def diagnostics(error: str) -> str:
+    return f"Diagnostics:\n  kubernetes:core/v1:ConfigMap (settings):\n    error: {error}\n"
+
+
+# Each way Pulumi's engine (pkg/resource/deploy, v3.259.0) refuses what a saved plan does not
+# allow, with the error class the Automation API may give the failed command.
+@pytest.mark.parametrize(
+    ("kind", "stdout", "stderr"),
+    [
+        (
+            "CommandError",
+            diagnostics(
+                f"resource {URN} violates plan: properties changed: "
+                "++metadata[{map[annotations:{map[tag:{&{{a}}}]}]}!={map[annotations:"
+                "{map[tag:{&{{b}}}]}]}]"
+            ),
+            "",
+        ),
+        ("CommandError", diagnostics(f"resource {URN} violates plan: provider changed"), ""),
+        ("CommandError", diagnostics("resource violates plan: properties changed: ~~x[{1}]"), ""),
+        (
+            "CommandError",
+            diagnostics("replace is not allowed by the plan: this resource is constrained to same"),
+            "",
+        ),
+        (
+            "CommandError",
+            diagnostics(
+                "create is not allowed by the plan: no more steps were expected for this resource"
+            ),
+            "",
+        ),
+        (
+            "CommandError",
+            diagnostics(
+                "update is not allowed by the plan: no steps were expected for this resource"
+            ),
+            "",
+        ),
+        (
+            "CommandError",
+            diagnostics(f"expected resource operations for {URN} but none were seen"),
+            "",
+        ),
+        ("CommandError", diagnostics(f"no plan for resource {URN}"), ""),
+        ("CommandError", "", f"error: resource {URN} violates plan: parent changed"),
+        # The program failed too (its resource registration was refused): the plan decides.
+        (
+            "RuntimeError",
+            diagnostics(f"resource {URN} violates plan: protect changed (expected false)")
+            + "    error: Program failed with an unhandled exception:\n",
+            "",
+        ),
+    ],
+)
+def test_every_refusal_of_a_saved_plan_is_a_plan_mismatch(
+    kind: str, stdout: str, stderr: str
+) -> None:
+    failure = classify_pulumi_error(kind, stdout, stderr)
     assert failure.reason == "PlanMismatch"
-    assert "violates plan" in failure.message
+    assert failure.message.startswith("the stack or the program no longer matches")
+    assert (stdout + stderr).split("error: ")[1].splitlines()[0] in failure.message
