@@ -1,6 +1,8 @@
 """spec.approval end to end: the real controller (under its own ServiceAccount and RBAC),
 real Jobs, the real Pulumi CLI saving and applying update plans, and `pkobatch plan /
-approve / reject / get` against it.
+approve / reject / get` against it. A Secret changed between the preview and the approval
+makes Pulumi refuse the plan with an error that prints the plan's secret inputs: the
+update is a PlanMismatch, and no secret value reaches a message, Event or notification.
 
 The program (tests/fixtures/programs/k8s-yaml) manages a ConfigMap and a Deployment in the
 test's namespace with the Kubernetes provider: the tests look at those objects to prove
@@ -11,26 +13,31 @@ never match — see docs/api.md.)
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from click.testing import Result
 from controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
+    create_secret,
     last_update,
     ready,
     stack_jobs,
     wait_stack,
 )
+from sentinels import find, plant
 from test_controller_runs import assert_not_leaked
+from test_notifications import Receiver, hook_secret, receivers, serve
 from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kubernetes_spec
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import CONFIGMAPS, DEPLOYMENTS, JOBS, SECRETS, STACKS, Kube
+from pkobatch.kube.client import CONFIGMAPS, DEPLOYMENTS, EVENTS, JOBS, SECRETS, STACKS, Kube
 from pkobatch.runner.plans import plan_from_secret
 
 JSON = dict[str, Any]
@@ -225,3 +232,98 @@ def test_a_stale_plan_is_never_applied_and_a_new_one_is_made(
     )
     assert managed(kube, namespace) == (None, False)
     assert json.dumps(stack["status"]).count(secrets["pulumi"]["passphrase"]) == 0
+
+
+def with_secret_annotations(repo: Any) -> None:
+    """The program's ConfigMap gets three annotations from secret config values."""
+    project = yaml.safe_load((repo.worktree / "Pulumi.yaml").read_text())
+    for key in ("tag", "inline", "literal"):
+        project["config"][key] = {"type": "string"}
+    project["resources"]["settings"]["properties"]["metadata"]["annotations"] = {
+        "bars.example/tag": "${tag}",
+        "bars.example/inline": "${inline}",
+        "bars.example/literal": "${literal}",
+    }
+    repo.update({"Pulumi.yaml": yaml.safe_dump(project, sort_keys=False)}, "secret annotations")
+
+
+def test_a_secret_changed_after_the_preview_is_a_plan_mismatch_that_shows_no_secret(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    cli: Callable[..., Result],
+    kubernetes_provider: Path,
+) -> None:
+    inbox = Receiver()
+    server = serve(inbox)
+    try:
+        hook_secret(kube, namespace, "ops-hook", f"http://127.0.0.1:{server.server_port}/hook")
+        grant_program_rules(kube, namespace, PROGRAM_RULES)
+        repo = git_repo("k8s-yaml")
+        with_secret_annotations(repo)
+        reviewed, changed = plant("approval-reviewed-tag"), plant("approval-changed-tag")
+        inline, literal = plant("approval-inline"), plant("approval-literal")
+        create_secret(kube, namespace, "tag", {"value": reviewed})
+        create_secret(kube, namespace, "env", {"value": plant("approval-env")})
+        spec = kubernetes_spec(repo, pulumi_env, namespace, approval={"required": True})
+        spec["secretsRef"] = {
+            "tag": {"type": "Secret", "secret": {"name": "tag", "key": "value"}},
+            "literal": {"type": "Literal", "literal": {"value": literal}},
+        }
+        spec["secrets"] = {"inline": inline}
+        spec["envRefs"]["EXTRA_SECRET"] = {
+            "type": "Secret",
+            "secret": {"name": "env", "key": "value"},
+        }
+        spec["notifications"] = {**receivers("ops"), "events": ["run-failed"]}
+        apply_stack(kube, namespace, "app", spec)
+        stack = wait_stack(kube, namespace, "app", plan_pending(), what="the reviewed plan")
+        reviewed_plan = approval(stack)["planID"]
+
+        # The Secret changes after the review: the approved update runs with the new value,
+        # and Pulumi refuses it, printing the plan's inputs (the old value) and the new ones.
+        tag = kube.get(SECRETS, "tag", namespace)
+        tag["data"] = {"value": base64.b64encode(changed.encode()).decode()}
+        kube.replace(SECRETS, tag, namespace)
+        approved = cli("approve", "app", "--plan", reviewed_plan, "--yes", "--wait")
+        assert approved.exit_code == 1, approved.output
+        stack = kube.get(STACKS, "app", namespace)
+        update = last_update(stack)
+        assert update["reason"] == "PlanMismatch"
+        assert "violates plan" in update["message"]
+        assert "bars.example/tag:{&{{[secret]}}}" in update["message"]
+        assert managed(kube, namespace) == (None, False)
+
+        wait_until(
+            lambda: any(m["event"] == "run-failed" for m in inbox.accepted()),
+            timeout=120,
+            what="the run-failed notification",
+        )
+        (failed,) = [m for m in inbox.accepted() if m["event"] == "run-failed"]
+        assert failed["run"]["name"] == update["name"]
+        assert "violates plan" in failed["summary"] and "[secret]" in failed["summary"]
+        events, _ = kube.list_objects(EVENTS, namespace)
+        assert any("violates plan" in (e.get("note") or "") for e in events)
+
+        # A new plan, for what the program would do with the new value, awaits review.
+        wait_stack(kube, namespace, "app", plan_pending(reviewed_plan), what="a new plan")
+    finally:
+        server.shutdown()
+
+    labelled = {
+        reviewed: "the reviewed tag",
+        changed: "the changed tag",
+        inline: "the inline secret",
+        literal: "the literal secret",
+        secrets["pulumi"]["passphrase"]: "the passphrase",
+    }
+    for request in inbox.requests():
+        assert find(request.body.decode(), "a notification body", labelled) == []
+    for job in stack_jobs(kube, namespace, "app"):
+        assert_not_leaked(
+            cluster, kube, controller, namespace, job["metadata"]["name"], [*labelled]
+        )
