@@ -305,9 +305,10 @@ def test_a_secret_changed_after_the_preview_is_a_plan_mismatch_that_shows_no_sec
         )
         (failed,) = [m for m in inbox.accepted() if m["event"] == "run-failed"]
         assert failed["run"]["name"] == update["name"]
-        assert "violates plan" in failed["summary"] and "[secret]" in failed["summary"]
+        mismatch = "the stack or the program no longer matches the approved plan"
+        assert failed["summary"].startswith(f"up {update['name']} failed: {mismatch}")
         events, _ = kube.list_objects(EVENTS, namespace)
-        assert any("violates plan" in (e.get("note") or "") for e in events)
+        assert any(mismatch in (event.get("note") or "") for event in events)
 
         # A new plan, for what the program would do with the new value, awaits review.
         wait_stack(kube, namespace, "app", plan_pending(reviewed_plan), what="a new plan")
