@@ -234,8 +234,8 @@ def execute(
         stopped = cancellation.failure()
         reason, message = stopped.reason, f"{stopped.message}\n{message}".strip()
     scrub = log.redactor.scrub
-    # Every free-text field is scrubbed, and scrubbed before it is cut to its bound (a cut
-    # secret would no longer be recognised); outputs were masked when they were read.
+    # The messages are scrubbed before they are cut to their bound: a cut secret would no
+    # longer be recognised. Outputs were masked when they were read.
     result = RunResult(
         operation=snapshot.operation,
         drift_check=snapshot.drift_check,
@@ -253,15 +253,13 @@ def execute(
         secret_outputs=outcome.secret_outputs,
         changes=outcome.changes,
         drifted_resources=outcome.drifted,
-        permalink=scrub(outcome.permalink),
+        permalink=outcome.permalink,
         pulumi_version=run.pulumi_version,
         project_info=run.project_info,
         language_host=run.language_host,
         cleared_locks=[bound_message(scrub(note)) for note in run.cleared_locks],
         plan_id=outcome.plan_id,
-        planned_resources=[
-            step.model_copy(update={"urn": scrub(step.urn)}) for step in outcome.planned
-        ],
+        planned_resources=outcome.planned,
         planned_resource_count=outcome.planned_count,
     )
     return bound_result(result)
