@@ -31,9 +31,9 @@ from controller_harness import (
     stack_jobs,
     wait_stack,
 )
+from fixture_plugins.receivers import Receiver, hook_secret, receivers
 from sentinels import find, plant
 from test_controller_runs import assert_not_leaked
-from test_notifications import Receiver, hook_secret, receivers, serve
 from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kubernetes_spec
 
 from pkobatch.dev.processes import wait_until
@@ -257,63 +257,56 @@ def test_a_secret_changed_after_the_preview_is_a_plan_mismatch_that_shows_no_sec
     secrets: JSON,
     cli: Callable[..., Result],
     kubernetes_provider: Path,
+    receivers_on_loopback: Callable[[], tuple[Receiver, int]],
 ) -> None:
-    inbox = Receiver()
-    server = serve(inbox)
-    try:
-        hook_secret(kube, namespace, "ops-hook", f"http://127.0.0.1:{server.server_port}/hook")
-        grant_program_rules(kube, namespace, PROGRAM_RULES)
-        repo = git_repo("k8s-yaml")
-        with_secret_annotations(repo)
-        reviewed, changed = plant("approval-reviewed-tag"), plant("approval-changed-tag")
-        inline, literal = plant("approval-inline"), plant("approval-literal")
-        create_secret(kube, namespace, "tag", {"value": reviewed})
-        create_secret(kube, namespace, "env", {"value": plant("approval-env")})
-        spec = kubernetes_spec(repo, pulumi_env, namespace, approval={"required": True})
-        spec["secretsRef"] = {
-            "tag": {"type": "Secret", "secret": {"name": "tag", "key": "value"}},
-            "literal": {"type": "Literal", "literal": {"value": literal}},
-        }
-        spec["secrets"] = {"inline": inline}
-        spec["envRefs"]["EXTRA_SECRET"] = {
-            "type": "Secret",
-            "secret": {"name": "env", "key": "value"},
-        }
-        spec["notifications"] = {**receivers("ops"), "events": ["run-failed"]}
-        apply_stack(kube, namespace, "app", spec)
-        stack = wait_stack(kube, namespace, "app", plan_pending(), what="the reviewed plan")
-        reviewed_plan = approval(stack)["planID"]
+    inbox, port = receivers_on_loopback()
+    hook_secret(kube, namespace, "ops-hook", f"http://127.0.0.1:{port}/hook")
+    grant_program_rules(kube, namespace, PROGRAM_RULES)
+    repo = git_repo("k8s-yaml")
+    with_secret_annotations(repo)
+    reviewed, changed = plant("approval-reviewed-tag"), plant("approval-changed-tag")
+    inline, literal = plant("approval-inline"), plant("approval-literal")
+    create_secret(kube, namespace, "tag", {"value": reviewed})
+    create_secret(kube, namespace, "env", {"value": plant("approval-env")})
+    spec = kubernetes_spec(repo, pulumi_env, namespace, approval={"required": True})
+    spec["secretsRef"] = {
+        "tag": {"type": "Secret", "secret": {"name": "tag", "key": "value"}},
+        "literal": {"type": "Literal", "literal": {"value": literal}},
+    }
+    spec["secrets"] = {"inline": inline}
+    spec["envRefs"]["EXTRA_SECRET"] = {"type": "Secret", "secret": {"name": "env", "key": "value"}}
+    spec["notifications"] = {**receivers("ops"), "events": ["run-failed"]}
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", plan_pending(), what="the reviewed plan")
+    reviewed_plan = approval(stack)["planID"]
 
-        # The Secret changes after the review: the approved update runs with the new value,
-        # and Pulumi refuses it, printing the plan's inputs (the old value) and the new ones.
-        tag = kube.get(SECRETS, "tag", namespace)
-        tag["data"] = {"value": base64.b64encode(changed.encode()).decode()}
-        kube.replace(SECRETS, tag, namespace)
-        approved = cli("approve", "app", "--plan", reviewed_plan, "--yes", "--wait")
-        assert approved.exit_code == 1, approved.output
-        stack = kube.get(STACKS, "app", namespace)
-        update = last_update(stack)
-        assert update["reason"] == "PlanMismatch"
-        assert "violates plan" in update["message"]
-        assert "bars.example/tag:{&{{[secret]}}}" in update["message"]
-        assert managed(kube, namespace) == (None, False)
+    # The Secret changes after the review: the approved update runs with the new value, and
+    # Pulumi refuses it, printing the plan's inputs (with the old value) and the new ones.
+    tag = kube.get(SECRETS, "tag", namespace)
+    tag["data"] = {"value": base64.b64encode(changed.encode()).decode()}
+    kube.replace(SECRETS, tag, namespace)
+    approved = cli("approve", "app", "--plan", reviewed_plan, "--yes", "--wait")
+    assert approved.exit_code == 1, approved.output
+    stack = kube.get(STACKS, "app", namespace)
+    update = last_update(stack)
+    assert update["reason"] == "PlanMismatch"
+    assert "violates plan" in update["message"]
+    assert "bars.example/tag:{&{{[secret]}}}" in update["message"]
+    assert managed(kube, namespace) == (None, False)
 
-        wait_until(
-            lambda: any(m["event"] == "run-failed" for m in inbox.accepted()),
-            timeout=120,
-            what="the run-failed notification",
-        )
-        (failed,) = [m for m in inbox.accepted() if m["event"] == "run-failed"]
-        assert failed["run"]["name"] == update["name"]
-        mismatch = "the stack or the program no longer matches the approved plan"
-        assert failed["summary"].startswith(f"up {update['name']} failed: {mismatch}")
-        events, _ = kube.list_objects(EVENTS, namespace)
-        assert any(mismatch in (event.get("note") or "") for event in events)
-
-        # A new plan, for what the program would do with the new value, awaits review.
-        wait_stack(kube, namespace, "app", plan_pending(reviewed_plan), what="a new plan")
-    finally:
-        server.shutdown()
+    wait_until(
+        lambda: any(m["event"] == "run-failed" for m in inbox.accepted()),
+        timeout=120,
+        what="the run-failed notification",
+    )
+    (failed,) = [m for m in inbox.accepted() if m["event"] == "run-failed"]
+    assert failed["run"]["name"] == update["name"]
+    mismatch = "the stack or the program no longer matches the approved plan"
+    assert failed["summary"].startswith(f"up {update['name']} failed: {mismatch}")
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert any(mismatch in (event.get("note") or "") for event in events)
+    # A new plan, for what the program would do with the new value, awaits review.
+    wait_stack(kube, namespace, "app", plan_pending(reviewed_plan), what="a new plan")
 
     labelled = {
         reviewed: "the reviewed tag",
