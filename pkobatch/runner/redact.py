@@ -56,7 +56,7 @@ PASSPHRASE_FILE_ENV: Final = "PULUMI_CONFIG_PASSPHRASE_FILE"
 _URL_USERINFO: Final = re.compile(r"(?i)\b(https?://)[^/\s@]+@")
 # How Go's %v prints a *resource.Secret: a pointer (&) to a struct ({...}) whose only field
 # is a PropertyValue, whose String() is {VALUE}.
-GO_SECRET_OPEN: Final = "&{{"
+_GO_SECRET_OPEN: Final = "&{{"
 _GO_SECRET_CLOSE: Final = "}}"
 _GO_ESCAPES: Final = {
     "\a": "\\a",
@@ -163,13 +163,13 @@ def redact_go_secrets(text: str, depth: int = 0) -> tuple[str, int]:
         position, depth = _close_go_secret(text, 0, depth)
         parts.append(SECRET_PLACEHOLDER + ("" if depth else _GO_SECRET_CLOSE))
     while not depth:
-        start = text.find(GO_SECRET_OPEN, position)
+        start = text.find(_GO_SECRET_OPEN, position)
         if start < 0:
             break
         parts.append(text[position:start])
         # The braces counted from the struct's, one character after the "&".
         position, depth = _close_go_secret(text, start + 1, 0)
-        parts.append(GO_SECRET_OPEN + SECRET_PLACEHOLDER + ("" if depth else _GO_SECRET_CLOSE))
+        parts.append(_GO_SECRET_OPEN + SECRET_PLACEHOLDER + ("" if depth else _GO_SECRET_CLOSE))
     parts.append(text[position:])
     return "".join(parts), depth
 
@@ -211,8 +211,7 @@ class Redactor:
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret and every URL credential replaced."""
-        scrubbed, _ = redact_go_secrets(self._known(text))
-        return scrub_url_credentials(scrubbed)
+        return self.scrub_stream(text, 0)[0]
 
     def scrub_stream(self, text: str, open_depth: int) -> tuple[str, int]:
         """``scrub`` for the next lines of a stream: ``open_depth`` is what this returned for
