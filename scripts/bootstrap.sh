@@ -20,6 +20,14 @@ command -v gcc >/dev/null || missing+=(gcc)
 command -v runc >/dev/null || missing+=(runc)
 [ -e /lib/ld-musl-x86_64.so.1 ] || [ "$(uname -m)" != x86_64 ] || missing+=(musl)
 command -v go >/dev/null || missing+=(golang-go)
+# The real node (pkobatch/dev/node.py): runc runs its containers, ip makes its network,
+# iptables holds kube-proxy's and the bridge plugin's rules, gcc builds the pod sandbox's
+# pause (statically: libc6-dev), and the static busybox fills the tests' images.
+command -v runc >/dev/null || missing+=(runc)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"

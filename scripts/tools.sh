@@ -2,17 +2,19 @@
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
 # kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
 # the Kubernetes provider, helm, promtool, the Prometheus Operator's CRDs, Argo CD's health
-# check for Stacks, kstatus) from the Go module proxy into a cache directory keyed by name and
-# version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
+# check for Stacks, kstatus, and the real node: kubelet, kube-proxy, kube-scheduler, pause,
+# containerd, the CNI plugins, crictl) from the Go module proxy into a cache directory keyed
+# by name and version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
 #   scripts/tools.sh          build etcd kubernetes pulumi yaml kubernetes_provider where missing
 #   scripts/tools.sh yaml kubernetes_provider
 #                             build only the named components (etcd kubernetes pulumi yaml
 #                             kubernetes_provider helm promtool prometheus_operator
-#                             source_controller argocd_health kstatus); the last six are
-#                             built only when named: the tests of deploy/, fluxSource and
-#                             GitOps health need them (scripts/test.sh asks), the demo not
+#                             source_controller argocd_health kstatus node containerd
+#                             cni_plugins crictl); the last ten are built only when named:
+#                             the tests of deploy/, fluxSource, GitOps health and the real
+#                             node need them (scripts/test.sh asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -51,6 +53,44 @@ build_etcd() {
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
 }
 
+# Make the current directory a module requiring k8s.io/kubernetes@$1: its staging modules,
+# required at v0.0.0 with local replaces a consumer ignores, point at their published
+# v0.<minor>.<patch>, and its godebug default is kept. Sets KUBE_LDFLAGS to the version
+# stamps upstream's build sets (component-base and client-go).
+kubernetes_module() {
+  local K=$1 S="v0.${1#v1.}" MIN J GOMOD COMMIT GD BD m p
+  MIN=${S#v0.}; MIN=${MIN%%.*}
+  go mod init "pkobatch-tools/$2" >/dev/null 2>&1
+  J=$(go mod download -json "k8s.io/kubernetes@$K")
+  go mod edit -require="k8s.io/kubernetes@$K"
+  GOMOD=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  COMMIT=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin).get("Origin",{}).get("Hash",""))')
+  KUBE_MODULE_DIR=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  GD=$(awk '$1=="godebug" && $2 ~ /^default=/ {print $2}' "$GOMOD")
+  if [ -n "$GD" ]; then go mod edit -godebug="$GD"; fi
+  for m in $(awk '$2=="=>" && $3 ~ /^\.\/staging\/src\// {print $1}' "$GOMOD"); do
+    go mod edit -replace="$m=$m@$S"
+  done
+  KUBE_LDFLAGS="-s -w"; BD=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    KUBE_LDFLAGS="$KUBE_LDFLAGS -X $p.gitVersion=$K -X $p.gitMajor=1 -X $p.gitMinor=$MIN -X $p.gitTreeState=clean -X $p.buildDate=$BD"
+    if [ -n "$COMMIT" ]; then KUBE_LDFLAGS="$KUBE_LDFLAGS -X $p.gitCommit=$COMMIT"; fi
+  done
+}
+
+# Build the named commands of k8s.io/kubernetes@$1 into $2 (in a module made by
+# kubernetes_module).
+compile_kubernetes_commands() {
+  local K=$1 out=$2 c; shift 2
+  go get -tool $(for c in "$@"; do printf 'k8s.io/kubernetes/cmd/%s@%s ' "$c" "$K"; done)
+  mkdir -p "$out"
+  for c in "$@"; do
+    step="kubernetes: build $c"; say "kubernetes $K: building $c"
+    go build -trimpath -buildvcs=false -tags selinux,notest,grpcnotrace -ldflags "$KUBE_LDFLAGS" \
+      -o "$out/$c" "k8s.io/kubernetes/cmd/$c"
+  done
+}
+
 build_kubernetes() {
   local K=$KUBERNETES_VERSION out="$TOOLS/kubernetes-$KUBERNETES_VERSION"
   if [ -f "$out/.stamp" ]; then say "kubernetes $K: cached in $out"; return; fi
@@ -60,37 +100,102 @@ build_kubernetes() {
     ln -sf "$KUBEBUILDER_ASSETS/kube-controller-manager" "$out/kube-controller-manager"
     touch "$out/.stamp"; say "kubernetes: using $KUBEBUILDER_ASSETS"; return
   fi
-  local S="v0.${K#v1.}" MIN w J GOMOD COMMIT GD LDF BD m p c
-  MIN=${S#v0.}; MIN=${MIN%%.*}
-  w=$(mktemp -d); cd "$w"
+  local w; w=$(mktemp -d); cd "$w"
     step="kubernetes: resolve modules"; say "kubernetes $K: resolving modules"
-    go mod init pkobatch-tools/kubernetes >/dev/null 2>&1
-    J=$(go mod download -json "k8s.io/kubernetes@$K")
-    go mod edit -require="k8s.io/kubernetes@$K"
-    GOMOD=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-    COMMIT=$(printf '%s' "$J" | python3 -c 'import json,sys;print(json.load(sys.stdin).get("Origin",{}).get("Hash",""))')
-    GD=$(awk '$1=="godebug" && $2 ~ /^default=/ {print $2}' "$GOMOD")
-    if [ -n "$GD" ]; then go mod edit -godebug="$GD"; fi
-    # k8s.io/kubernetes requires its staging modules at v0.0.0 with local replaces that a
-    # consumer ignores: point each at its published v0.<minor>.<patch>.
-    for m in $(awk '$2=="=>" && $3 ~ /^\.\/staging\/src\// {print $1}' "$GOMOD"); do
-      go mod edit -replace="$m=$m@$S"
-    done
-    go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K" "k8s.io/kubernetes/cmd/kube-controller-manager@$K"
-    LDF="-s -w"; BD=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      LDF="$LDF -X $p.gitVersion=$K -X $p.gitMajor=1 -X $p.gitMinor=$MIN -X $p.gitTreeState=clean -X $p.buildDate=$BD"
-      if [ -n "$COMMIT" ]; then LDF="$LDF -X $p.gitCommit=$COMMIT"; fi
-    done
-    mkdir -p "$out.tmp"
-    for c in kube-apiserver kube-controller-manager; do
-      step="kubernetes: build $c"; say "kubernetes $K: building $c"
-      go build -trimpath -buildvcs=false -tags selinux,notest,grpcnotrace -ldflags "$LDF" \
-        -o "$out.tmp/$c" "k8s.io/kubernetes/cmd/$c"
-    done
+    kubernetes_module "$K" kubernetes
+    compile_kubernetes_commands "$K" "$out.tmp" kube-apiserver kube-controller-manager
   cd "$here"; rm -rf "$w"
   step="kubernetes: verify"; "$out.tmp/kube-apiserver" --version >&2; "$out.tmp/kube-controller-manager" --version >&2
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+}
+
+build_node() {
+  local K=$KUBERNETES_VERSION out="$TOOLS/node-$KUBERNETES_VERSION"
+  if [ -f "$out/.stamp" ]; then say "node (kubelet, kube-proxy, kube-scheduler, pause) $K: cached in $out"; return; fi
+  need gcc
+  # The same module as the kubernetes component, so Go's build cache of that build serves.
+  local w tag; w=$(mktemp -d); cd "$w"
+    step="node: resolve modules"; say "node $K: resolving modules"
+    kubernetes_module "$K" node
+    compile_kubernetes_commands "$K" "$out.tmp" kubelet kube-proxy kube-scheduler
+    # The pod sandbox's process: upstream's pause.c, built as its Makefile builds it.
+    step="node: build pause"; say "node $K: building pause $PAUSE_VERSION"
+    tag=$(awk '$1=="TAG" && $2=="?=" {print $3}' "$KUBE_MODULE_DIR/build/pause/Makefile")
+    [ "$tag" = "$PAUSE_VERSION" ] || { echo "tools.sh: k8s.io/kubernetes@$K builds pause $tag, versions.env pins PAUSE_VERSION=$PAUSE_VERSION: update the pin" >&2; exit 1; }
+    gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-pkobatch" \
+      -o "$out.tmp/pause" "$KUBE_MODULE_DIR/build/pause/linux/pause.c"
+  cd "$here"; rm -rf "$w"
+  step="node: verify"
+  for c in kubelet kube-proxy kube-scheduler; do "$out.tmp/$c" --version >&2; done
+  "$out.tmp/pause" -v >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "node $K: built in $out"
+}
+
+build_containerd() {
+  local V=$CONTAINERD_VERSION out="$TOOLS/containerd-$CONTAINERD_VERSION"
+  if [ -f "$out/.stamp" ]; then say "containerd $V: cached in $out"; return; fi
+  local w c LDF; w=$(mktemp -d); cd "$w"
+    step="containerd: resolve modules"; say "containerd $V: resolving modules"
+    go mod init pkobatch-tools/containerd >/dev/null 2>&1
+    go get -tool "github.com/containerd/containerd/v2/cmd/containerd@$V" \
+      "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$V" \
+      "github.com/containerd/containerd/v2/cmd/ctr@$V"
+    LDF="-s -w -X github.com/containerd/containerd/v2/version.Version=$V -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+    mkdir -p "$out.tmp"
+    # As upstream's static release (Makefile: STATIC=1); the shim without the gRPC server.
+    for c in containerd ctr containerd-shim-runc-v2; do
+      step="containerd: build $c"; say "containerd $V: building $c"
+      local tags="urfave_cli_no_docs osusergo netgo static_build"
+      if [ "$c" = containerd-shim-runc-v2 ]; then tags="$tags no_grpc"; fi
+      go build -trimpath -buildvcs=false -tags "$tags" -ldflags "$LDF" \
+        -o "$out.tmp/$c" "github.com/containerd/containerd/v2/cmd/$c"
+    done
+  cd "$here"; rm -rf "$w"
+  step="containerd: verify"; "$out.tmp/containerd" --version >&2; "$out.tmp/ctr" --version >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "containerd $V: built in $out"
+}
+
+# The plugins a pod network of one bridge needs (pkobatch/dev/node.py writes their config).
+CNI_PLUGINS="main/bridge ipam/host-local main/loopback meta/portmap"
+
+build_cni_plugins() {
+  local V=$CNI_PLUGINS_VERSION out="$TOOLS/cni_plugins-$CNI_PLUGINS_VERSION" p
+  if [ -f "$out/.stamp" ]; then say "CNI plugins $V: cached in $out"; return; fi
+  local w; w=$(mktemp -d); cd "$w"
+    step="cni_plugins: resolve modules"; say "CNI plugins $V: resolving modules"
+    go mod init pkobatch-tools/cni-plugins >/dev/null 2>&1
+    go get -tool $(for p in $CNI_PLUGINS; do printf 'github.com/containernetworking/plugins/plugins/%s@%s ' "$p" "$V"; done)
+    mkdir -p "$out.tmp"
+    for p in $CNI_PLUGINS; do
+      step="cni_plugins: build ${p##*/}"; say "CNI plugins $V: building ${p##*/}"
+      go build -trimpath -buildvcs=false \
+        -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$V" \
+        -o "$out.tmp/${p##*/}" "github.com/containernetworking/plugins/plugins/$p"
+    done
+  cd "$here"; rm -rf "$w"
+  step="cni_plugins: verify"
+  for p in $CNI_PLUGINS; do CNI_COMMAND=VERSION "$out.tmp/${p##*/}" </dev/null >/dev/null; done
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "CNI plugins $V: built in $out"
+}
+
+build_crictl() {
+  local V=$CRI_TOOLS_VERSION out="$TOOLS/crictl-$CRI_TOOLS_VERSION"
+  if [ -f "$out/.stamp" ]; then say "crictl $V: cached in $out"; return; fi
+  local w; w=$(mktemp -d); cd "$w"
+    step="crictl: resolve modules"; say "crictl $V: resolving modules"
+    go mod init pkobatch-tools/crictl >/dev/null 2>&1
+    go get -tool "sigs.k8s.io/cri-tools/cmd/crictl@$V"
+    step="crictl: build"; say "crictl $V: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$V" \
+      -o "$out.tmp/crictl" sigs.k8s.io/cri-tools/cmd/crictl
+  cd "$here"; rm -rf "$w"
+  step="crictl: verify"; "$out.tmp/crictl" --version >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "crictl $V: built in $out"
 }
 
 build_pulumi() {
@@ -331,7 +436,7 @@ build_kstatus() {
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus node containerd cni_plugins crictl)" >&2; exit 2; }
   "build_$t"
 done
 step=""

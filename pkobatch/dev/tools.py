@@ -27,6 +27,10 @@ Component = Literal[
     "source_controller",
     "argocd_health",
     "kstatus",
+    "node",
+    "containerd",
+    "cni_plugins",
+    "crictl",
 ]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
@@ -48,6 +52,9 @@ ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = (
 """Tools only some tests need (``deploy/``; Flux's source-controller for ``spec.fluxSource``;
 Argo CD's health check and kstatus for GitOps health); ``scripts/test.sh`` builds them, the
 demo does not."""
+NODE_TOOLS: Final[tuple[Component, ...]] = ("node", "containerd", "cni_plugins", "crictl")
+"""The real node's components (``pkobatch.dev.node``; runc comes from the host):
+``scripts/test.sh`` builds them, the demo does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
@@ -60,6 +67,10 @@ _VERSION_KEYS: Final[dict[Component, str]] = {
     "source_controller": "SOURCE_CONTROLLER_VERSION",
     "argocd_health": "ARGOCD_VERSION",
     "kstatus": "CLI_UTILS_VERSION",
+    "node": "KUBERNETES_VERSION",
+    "containerd": "CONTAINERD_VERSION",
+    "cni_plugins": "CNI_PLUGINS_VERSION",
+    "crictl": "CRI_TOOLS_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -76,6 +87,11 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     # Argo CD's health checks are Lua files, not programs (see ARGOCD_STACK_HEALTH).
     "argocd_health": (),
     "kstatus": ("kstatus",),
+    # The real node (pkobatch.dev.node): pause is the pod sandbox's process.
+    "node": ("kubelet", "kube-proxy", "kube-scheduler", "pause"),
+    "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
+    "cni_plugins": ("bridge", "host-local", "loopback", "portmap"),
+    "crictl": ("crictl",),
 }
 ARGOCD_STACK_HEALTH: Final = Path("pulumi.com", "Stack", "health.lua")
 """Argo CD's built-in health check for Stacks, inside the ``argocd_health`` directory."""
@@ -123,6 +139,10 @@ class Tools:
     source_controller: Path | None = None
     argocd_health: Path | None = None
     kstatus: Path | None = None
+    node: Path | None = None
+    containerd: Path | None = None
+    cni_plugins: Path | None = None
+    crictl: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

@@ -12,6 +12,7 @@ from pkobatch.dev.memory_limit import parse_quantity
 from pkobatch.dev.tools import (
     COMPONENTS,
     ECOSYSTEM_TOOLS,
+    NODE_TOOLS,
     PULUMI_PLUGINS,
     Component,
     ToolsMissing,
@@ -39,11 +40,13 @@ def _build(component: Component, *binaries: str) -> Path:
 def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
     script = TOOLS_SH.read_text()
     built = set(re.findall(r"^build_(\w+)\(\) \{", script, re.MULTILINE))
-    assert built == set(COMPONENTS) | set(ECOSYSTEM_TOOLS)
+    assert built == set(COMPONENTS) | set(ECOSYSTEM_TOOLS) | set(NODE_TOOLS)
     default = re.search(r"^want=\$\{\*:-(.*)\}$", script, re.MULTILINE)
     assert default is not None and default.group(1).split() == list(COMPONENTS)
-    # The test command builds the ecosystem tools; the default (bootstrap, demo) does not.
-    assert f"bash scripts/tools.sh {' '.join(ECOSYSTEM_TOOLS)}" in TEST_SH.read_text()
+    # The test command builds the ecosystem tools and the real node; the default (bootstrap,
+    # demo) does not.
+    only_tests = " ".join((*ECOSYSTEM_TOOLS, *NODE_TOOLS))
+    assert f"bash scripts/tools.sh {only_tests}" in TEST_SH.read_text()
     pinned = versions()
     for key in (
         "PULUMI_YAML_VERSION",
@@ -53,6 +56,9 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
         "PROMETHEUS_OPERATOR_VERSION",
         "ARGOCD_VERSION",
         "CLI_UTILS_VERSION",
+        "CONTAINERD_VERSION",
+        "CNI_PLUGINS_VERSION",
+        "CRI_TOOLS_VERSION",
     ):
         assert f"${key}" in script and pinned[key].startswith("v")
 
