@@ -2,8 +2,8 @@
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
 # kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
 # the Kubernetes provider, helm, promtool, the Prometheus Operator's CRDs, Argo CD's health
-# check for Stacks, kstatus, and the real node: kubelet, kube-proxy, kube-scheduler, pause,
-# containerd, the CNI plugins, crictl) from the Go module proxy into a cache directory keyed
+# check for Stacks, kstatus, and the real node: kubelet, kube-proxy, kube-scheduler, kubectl,
+# pause, containerd, the CNI plugins, crictl) from the Go module proxy into a cache directory keyed
 # by name and version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
@@ -111,13 +111,14 @@ build_kubernetes() {
 
 build_node() {
   local K=$KUBERNETES_VERSION out="$TOOLS/node-$KUBERNETES_VERSION"
-  if [ -f "$out/.stamp" ]; then say "node (kubelet, kube-proxy, kube-scheduler, pause) $K: cached in $out"; return; fi
+  if [ -f "$out/.stamp" ]; then say "node (kubelet, kube-proxy, kube-scheduler, kubectl, pause) $K: cached in $out"; return; fi
   need gcc
   # The same module as the kubernetes component, so Go's build cache of that build serves.
   local w tag; w=$(mktemp -d); cd "$w"
     step="node: resolve modules"; say "node $K: resolving modules"
     kubernetes_module "$K" node
-    compile_kubernetes_commands "$K" "$out.tmp" kubelet kube-proxy kube-scheduler
+    # kubectl too: the tests' images call the API server with it, as a pod would.
+    compile_kubernetes_commands "$K" "$out.tmp" kubelet kube-proxy kube-scheduler kubectl
     # The pod sandbox's process: upstream's pause.c, built as its Makefile builds it.
     step="node: build pause"; say "node $K: building pause $PAUSE_VERSION"
     tag=$(awk '$1=="TAG" && $2=="?=" {print $3}' "$KUBE_MODULE_DIR/build/pause/Makefile")
@@ -127,6 +128,7 @@ build_node() {
   cd "$here"; rm -rf "$w"
   step="node: verify"
   for c in kubelet kube-proxy kube-scheduler; do "$out.tmp/$c" --version >&2; done
+  "$out.tmp/kubectl" version --client >&2
   "$out.tmp/pause" -v >&2
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
   say "node $K: built in $out"

@@ -87,8 +87,9 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     # Argo CD's health checks are Lua files, not programs (see ARGOCD_STACK_HEALTH).
     "argocd_health": (),
     "kstatus": ("kstatus",),
-    # The real node (pkobatch.dev.node): pause is the pod sandbox's process.
-    "node": ("kubelet", "kube-proxy", "kube-scheduler", "pause"),
+    # The real node (pkobatch.dev.node): pause is the pod sandbox's process; kubectl goes
+    # into the tests' images.
+    "node": ("kubelet", "kube-proxy", "kube-scheduler", "kubectl", "pause"),
     "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
     "cni_plugins": ("bridge", "host-local", "loopback", "portmap"),
     "crictl": ("crictl",),
