@@ -1,8 +1,10 @@
 """A local Kubernetes control plane made of the real binaries: etcd, kube-apiserver and
-kube-controller-manager (docs/development.md), listening on random free ports on 127.0.0.1.
+kube-controller-manager (docs/development.md), listening on random free ports on 127.0.0.1 —
+or, for the real node (``pkobatch.dev.node``), the API server on the node network's host
+address, which pods reach as the ``kubernetes`` Service.
 
-There is no kubelet and no scheduler: ``pkobatch.dev.node_agent`` runs the Job controller's
-pods. Layout of ``state_dir``::
+There is no kubelet and no scheduler here: ``pkobatch.dev.node_agent`` runs the Job
+controller's pods, or the real node does. Layout of ``state_dir``::
 
     pki/                 CA, serving cert, admin client cert, service-account key (kept)
     etcd/                etcd data (wiped on every start: each start is a fresh cluster)
@@ -21,14 +23,11 @@ pkobatch.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Final
 import yaml
 
 from pkobatch.dev import processes
+from pkobatch.dev.components import ComponentError, Components
 from pkobatch.dev.container_logs import KubeletTls
 from pkobatch.dev.kubeconfig import (
     certificate_user,
@@ -78,19 +78,13 @@ AUDIT_POLICY: Final = {
 }
 KCM_API_QPS: Final = 200
 KCM_API_BURST: Final = 400
+LOOPBACK: Final = "127.0.0.1"
+# The service network when none is given (nothing reaches it without a real node).
+DEFAULT_SERVICE_CIDR: Final = "10.0.0.0/24"
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(ComponentError):
     """A component failed to start; the message carries the end of its log."""
-
-
-@dataclass(frozen=True)
-class _Component:
-    """How a component was started, so it can be started again exactly so."""
-
-    argv: tuple[str, ...]
-    health_url: str
-    context: ssl.SSLContext | None
 
 
 def repo_root() -> Path | None:
@@ -115,23 +109,17 @@ def advertise_address() -> str:
     return _FALLBACK_ADVERTISE_ADDRESS
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 @dataclass(frozen=True)
 class Endpoints:
     etcd_client_port: int
     etcd_peer_port: int
     apiserver_port: int
     controller_manager_port: int
+    apiserver_address: str = LOOPBACK
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.apiserver_address}:{self.apiserver_port}"
 
     @property
     def etcd(self) -> str:
@@ -148,11 +136,20 @@ class ControlPlane:
         *,
         crds_dir: Path | None = None,
         controllers: Sequence[str] = CONTROLLERS,
+        address: str | None = None,
+        service_cidr: str = DEFAULT_SERVICE_CIDR,
+        authorization_modes: Sequence[str] = ("RBAC",),
     ) -> None:
         """``controllers``: what kube-controller-manager runs (a benchmark of the pkobatch
-        controller alone leaves out the job-controller: Jobs are created, no pod ever is)."""
+        controller alone leaves out the job-controller: Jobs are created, no pod ever is).
+        ``address``: where the API server listens and which address it advertises (the
+        ``kubernetes`` Service's endpoint); by default it listens on loopback and
+        advertises the host's primary address, which nothing dials."""
         self.state_dir = state_dir.resolve()
         self.controllers = tuple(controllers)
+        self.address = address
+        self.service_cidr = service_cidr
+        self.authorization_modes = tuple(authorization_modes)
         self.tools = tools or find_tools(("etcd", "kubernetes"))
         self.crds_dir = crds_dir
         self.pki = Pki(self.state_dir / "pki")
@@ -160,8 +157,7 @@ class ControlPlane:
         self.log_dir = self.state_dir / "control-plane"
         self.audit_log = self.log_dir / "audit.log"
         self.endpoints: Endpoints | None = None
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._components: dict[str, _Component] = {}
+        self._components = Components(self.log_dir, ControlPlaneError)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -190,13 +186,20 @@ class ControlPlane:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {name: p.pid for name, p in self._processes.items()}
+        return self._components.pids
 
     def start(self, timeout: float = 180.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        advertise = advertise_address()
-        ensure_pki(self.pki.directory, ["127.0.0.1", advertise])
-        self.endpoints = Endpoints(*(processes.free_port() for _ in range(4)))
+        advertise = self.address or advertise_address()
+        # The `kubernetes` Service's address too: pods verify the API server under it.
+        service_ip = str(next(ipaddress.IPv4Network(self.service_cidr).hosts()))
+        ensure_pki(self.pki.directory, [LOOPBACK, advertise, service_ip])
+        etcd_client, etcd_peer, apiserver, controller_manager = (
+            processes.free_port() for _ in range(4)
+        )
+        self.endpoints = Endpoints(
+            etcd_client, etcd_peer, apiserver, controller_manager, self.address or LOOPBACK
+        )
         try:
             self._start_etcd(timeout)
             self._start_apiserver(advertise, timeout)
@@ -230,49 +233,24 @@ class ControlPlane:
 
     def check_alive(self) -> None:
         """``ControlPlaneError`` if a component has exited."""
-        exited = self.exited()
-        if exited:
-            name, code = next(iter(exited.items()))
-            raise ControlPlaneError(
-                f"{name} exited with code {code}:\n" + _tail(self.log_dir / f"{name}.log")
-            )
+        self._components.check_alive()
 
     def exited(self) -> dict[str, int]:
         """The exit code of every started component that is no longer running."""
-        return {
-            name: code
-            for name, process in self._processes.items()
-            if (code := process.poll()) is not None
-        }
+        return self._components.exited()
 
     # -- one component (fault tests, the dev supervisor) -------------------------------------
 
     def stop_component(self, name: str, *, kill: bool = False, grace: float = 15.0) -> None:
         """Stop one component: SIGTERM with ``grace`` seconds to exit, or SIGKILL at once with
         ``kill``. Its data (etcd's included) stays; ``start_component`` brings it back."""
-        process = self._processes.pop(name, None)
-        if process is None:
-            return
-        if kill:
-            processes.signal_group(process, signal.SIGKILL)
-        processes.stop(process, grace=grace)
+        self._components.stop(name, kill=kill, grace=grace)
 
     def start_component(self, name: str, *, timeout: float = 180.0) -> None:
         """Start a stopped (or crashed) component again with the arguments of its first start
         and wait until it is healthy. Ports, certificates and etcd's data are unchanged, so
         clients keep working once it answers again."""
-        component = self._components.get(name)
-        if component is None:
-            raise ControlPlaneError(f"{name} was never started here; known: {list(COMPONENTS)}")
-        crashed = self._processes.get(name)
-        if crashed is not None and crashed.poll() is None:
-            raise ControlPlaneError(f"{name} is running; restart it with restart_component")
-        self.stop_component(name)  # forgets a crashed process
-        log = self.log_dir / f"{name}.log"
-        with log.open("ab") as handle:
-            handle.write(f"--- pkobatch: restarting {name} ---\n".encode())
-        self._processes[name] = processes.spawn(component.argv, log=log)
-        self._wait_healthy(name, component.health_url, component.context, timeout)
+        self._components.start_again(name, timeout=timeout)
 
     def restart_component(
         self, name: str, *, kill: bool = False, down_seconds: float = 0.0, timeout: float = 180.0
@@ -317,55 +295,12 @@ class ControlPlane:
 
     # -- components -----------------------------------------------------------------------
 
-    def _spawn(
-        self,
-        name: str,
-        argv: list[str],
-        health_url: str,
-        context: ssl.SSLContext | None,
-        timeout: float,
-    ) -> None:
-        log = self.log_dir / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_bytes(b"")
-        self._components[name] = _Component(tuple(argv), health_url, context)
-        self._processes[name] = processes.spawn(argv, log=log)
-        self._wait_healthy(name, health_url, context, timeout)
-
-    def _wait_healthy(
-        self, name: str, url: str, context: ssl.SSLContext | None, timeout: float
-    ) -> None:
-        opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
-        )
-
-        def healthy() -> bool:
-            process = self._processes[name]
-            if process.poll() is not None:
-                raise ControlPlaneError(
-                    f"{name} exited with code {process.returncode}:\n"
-                    + _tail(self.log_dir / f"{name}.log")
-                )
-            try:
-                with opener.open(url, timeout=5) as response:
-                    return bool(response.status == 200)
-            except (urllib.error.URLError, OSError):
-                return False
-
-        try:
-            processes.wait_until(healthy, timeout=timeout, what=f"{name} at {url}")
-        except TimeoutError as exc:
-            raise ControlPlaneError(
-                f"{exc}; end of {self.log_dir / f'{name}.log'}:\n"
-                + _tail(self.log_dir / f"{name}.log")
-            ) from exc
-
     def _start_etcd(self, timeout: float) -> None:
         assert self.endpoints is not None
         data = self.state_dir / "etcd"
         shutil.rmtree(data, ignore_errors=True)
         peer = f"http://127.0.0.1:{self.endpoints.etcd_peer_port}"
-        self._spawn(
+        self._components.start_http(
             "etcd",
             [
                 self.tools.binary("etcd", "etcd"),
@@ -391,12 +326,12 @@ class ControlPlane:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         audit_policy = self.log_dir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-        self._spawn(
+        self._components.start_http(
             "kube-apiserver",
             [
                 self.tools.binary("kubernetes", "kube-apiserver"),
                 f"--etcd-servers={self.endpoints.etcd}",
-                "--bind-address=127.0.0.1",
+                f"--bind-address={self.endpoints.apiserver_address}",
                 f"--secure-port={self.endpoints.apiserver_port}",
                 f"--advertise-address={advertise}",
                 f"--cert-dir={pki.directory}",
@@ -408,11 +343,11 @@ class ControlPlane:
                 f"--kubelet-client-key={pki.kubelet_client_key}",
                 f"--kubelet-certificate-authority={pki.ca_cert}",
                 "--kubelet-preferred-address-types=InternalIP",
-                "--authorization-mode=RBAC",
+                f"--authorization-mode={','.join(self.authorization_modes)}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.service_account_public_key}",
                 f"--service-account-signing-key-file={pki.service_account_key}",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--allow-privileged=true",
                 # Less background work on small CI machines; nothing here depends on them.
                 "--enable-priority-and-fairness=false",
@@ -436,7 +371,7 @@ class ControlPlane:
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        self._spawn(
+        self._components.start_http(
             "kube-controller-manager",
             [
                 self.tools.binary("kubernetes", "kube-controller-manager"),

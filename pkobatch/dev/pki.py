@@ -115,11 +115,71 @@ def _builder(subject: x509.Name, issuer: x509.Name) -> x509.CertificateBuilder:
     )
 
 
+def _load_ca(pki: Pki) -> tuple[ec.EllipticCurvePrivateKey, x509.Name]:
+    key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key} is not the EC key this module writes")
+    return key, x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+
+
+def _leaf(
+    ca: tuple[ec.EllipticCurvePrivateKey, x509.Name],
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName],
+) -> tuple[bytes, bytes]:
+    """A certificate for ``subject`` signed by ``ca`` and its key, both PEM."""
+    ca_key, ca_name = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        _builder(subject, ca_name)
+        .public_key(key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def _ip_sans(ips: list[str]) -> list[x509.GeneralName]:
+    return [x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted(set(ips))]
+
+
+def _serving_certificate(
+    ca: tuple[ec.EllipticCurvePrivateKey, x509.Name], serving_ips: list[str]
+) -> tuple[bytes, bytes]:
+    sans: list[x509.GeneralName] = [
+        x509.DNSName(name)
+        for name in (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        )
+    ]
+    return _leaf(
+        ca, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, sans + _ip_sans(serving_ips)
+    )
+
+
+def _covers(cert_path: Path, ips: list[str]) -> bool:
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    present = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    return {str(ipaddress.ip_address(ip)) for ip in ips} <= present
+
+
 def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
-    """Create the key material in ``directory`` unless it is already complete."""
+    """Create the key material in ``directory`` unless it is already complete. A complete
+    set whose serving certificate lacks one of ``serving_ips`` (the API server moved to
+    another address) gets a new serving certificate from the same CA."""
     pki = Pki(directory)
     wanted = (
         pki.ca_cert,
+        pki.ca_key,
         pki.serving_cert,
         pki.serving_key,
         pki.admin_cert,
@@ -132,6 +192,10 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
         pki.service_account_public_key,
     )
     if all(p.is_file() for p in wanted):
+        if not _covers(pki.serving_cert, serving_ips):
+            serving_cert, serving_key = _serving_certificate(_load_ca(pki), serving_ips)
+            pki.serving_cert.write_bytes(serving_cert)
+            _write_private(pki.serving_key, serving_key)
         return pki
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -157,45 +221,19 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
         )
         .sign(ca_key, hashes.SHA256())
     )
-
-    def leaf(
-        subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
-    ) -> tuple[bytes, bytes]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            _builder(subject, ca_name)
-            .public_key(key.public_key())
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
-
-    serving_sans: list[x509.GeneralName] = [
-        x509.DNSName(name)
-        for name in (
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-        )
-    ]
-    serving_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted(set(serving_ips))]
-    serving_cert, serving_key = leaf(
-        _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, serving_sans
+    ca = (ca_key, ca_name)
+    serving_cert, serving_key = _serving_certificate(ca, serving_ips)
+    admin_cert, admin_key = _leaf(
+        ca, _name(ADMIN_USER, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, []
     )
-    admin_cert, admin_key = leaf(
-        _name(ADMIN_USER, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, []
-    )
-    kubelet_cert, kubelet_key = leaf(
+    kubelet_cert, kubelet_key = _leaf(
+        ca,
         _name("pkobatch-dev-node"),
         ExtendedKeyUsageOID.SERVER_AUTH,
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
-    kubelet_client_cert, kubelet_client_key = leaf(
+    kubelet_client_cert, kubelet_client_key = _leaf(
+        ca,
         _name("kube-apiserver-kubelet-client", "system:masters"),
         ExtendedKeyUsageOID.CLIENT_AUTH,
         [],
@@ -219,3 +257,24 @@ def ensure_pki(directory: Path, serving_ips: list[str]) -> Pki:
         )
     )
     return pki
+
+
+def client_certificate(pki: Pki, user: str, group: str | None = None) -> tuple[bytes, bytes]:
+    """A client certificate of ``pki``'s CA for ``user`` (in ``group``) and its key, PEM:
+    how the real node's kubelet, kube-proxy and kube-scheduler authenticate."""
+    return _leaf(_load_ca(pki), _name(user, group), ExtendedKeyUsageOID.CLIENT_AUTH, [])
+
+
+def write_serving_certificate(
+    pki: Pki, name: str, ips: list[str], cert_path: Path, key_path: Path
+) -> None:
+    """A serving certificate of ``pki``'s CA for ``name`` at ``ips`` (a kubelet the API
+    server verifies with its ``--kubelet-certificate-authority``), written to the paths."""
+    cert, key = _leaf(
+        _load_ca(pki),
+        _name(name),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName(name), *_ip_sans(ips)],
+    )
+    cert_path.write_bytes(cert)
+    _write_private(key_path, key)
