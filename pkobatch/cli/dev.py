@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pkobatch.dev.demo import Demo, DemoFailed
-from pkobatch.dev.supervisor import STATE_ENV, DevError, down, read_status, up
+from pkobatch.dev.environment import NODE_KINDS
+from pkobatch.dev.node import NodeError
+from pkobatch.dev.supervisor import STATE_ENV, DevError, down, load_images, read_status, up
 from pkobatch.dev.supervisor import state_dir as resolve_state_dir
 from pkobatch.dev.tools import ToolsMissing
 
@@ -33,9 +35,11 @@ def _print_environment(status: dict[str, Any]) -> None:
         return
     table.add_row("supervisor", f"pid {status.get('supervisorPid')}")
     table.add_row("API server", str(status.get("server", "-")))
+    table.add_row("node", "real (kubelet, containerd)" if status.get("node") == "real" else "agent")
     down = status.get("down") or {}
     restarts = status.get("restarts") or {}
-    for name, pid in (status.get("components") or {}).items():
+    components = {**(status.get("components") or {}), **(status.get("nodeComponents") or {})}
+    for name, pid in components.items():
         detail = f"DOWN: {down[name]}" if name in down else f"pid {pid}"
         if restarts.get(name):
             detail += f" (restarted {restarts[name]}x)"
@@ -67,19 +71,36 @@ def _controller_detail(controller: dict[str, Any]) -> str:
 @click.group("dev")
 def dev_group() -> None:
     """Local control plane (real etcd, kube-apiserver, kube-controller-manager), a node agent
-    that runs pods as local processes, and the controller — for development and demos."""
+    that runs pods as local processes or a real node (kubelet, containerd, kube-proxy,
+    kube-scheduler), and the controller — for development and demos."""
 
 
 @dev_group.command("up")
 @state_option
 @click.option("--max-pods", type=int, default=4, show_default=True, help="pods run at once")
-@click.option("--no-controller", is_flag=True, help="start only the control plane and agent")
+@click.option("--no-controller", is_flag=True, help="start only the control plane and node")
+@click.option(
+    "--node",
+    type=click.Choice(NODE_KINDS),
+    default="agent",
+    show_default=True,
+    help="what runs pods: the node agent (local processes) or a real node (containers; "
+    "root, and `scripts/tools.sh node containerd cni_plugins crictl`)",
+)
 @click.option("--timeout", type=float, default=180, show_default=True, help="seconds to wait")
-def up_command(state_dir: Path | None, max_pods: int, no_controller: bool, timeout: float) -> None:
+def up_command(
+    state_dir: Path | None, max_pods: int, no_controller: bool, node: str, timeout: float
+) -> None:
     """Start everything in the background."""
     root = resolve_state_dir(state_dir)
     try:
-        status = up(root, max_pods=max_pods, with_controller=not no_controller, timeout=timeout)
+        status = up(
+            root,
+            max_pods=max_pods,
+            with_controller=not no_controller,
+            timeout=timeout,
+            node="real" if node == "real" else "agent",
+        )
     except (DevError, ToolsMissing) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_environment(status)
@@ -99,6 +120,26 @@ def down_command(state_dir: Path | None) -> None:
         click.echo(f"stopped the dev environment in {root}")
     else:
         click.echo(f"no dev environment runs in {root}")
+
+
+@dev_group.command("load-image")
+@state_option
+@click.argument(
+    "archives",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+def load_image_command(state_dir: Path | None, archives: tuple[Path, ...]) -> None:
+    """Import OCI or Docker image archives into the real node's containerd (no registry is
+    needed: pods with imagePullPolicy IfNotPresent or Never run them)."""
+    root = resolve_state_dir(state_dir)
+    try:
+        reports = load_images(root, archives)
+    except (DevError, NodeError, ToolsMissing) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for archive, report in zip(archives, reports, strict=True):
+        click.echo(f"{archive}:\n{report.rstrip()}")
 
 
 @dev_group.command("status")

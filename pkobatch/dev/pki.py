@@ -1,7 +1,9 @@
 """Key material for the local control plane: a CA, the API server's serving certificate, an
 admin client certificate (group ``system:masters``), the service-account signing key, and the
 pair a kubelet has with the API server: the node agent's serving certificate (its
-container-log endpoint) and the API server's client certificate for calling it.
+container-log endpoint) and the API server's client certificate for calling it. The real
+node's components get certificates of the same CA (``client_certificate``,
+``write_serving_certificate``), issued at each start.
 
 Generated once per state directory and reused, so tokens and kubeconfigs stay valid when a
 control plane is restarted on the same data.

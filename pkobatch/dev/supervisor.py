@@ -1,7 +1,8 @@
 """``pkobatch dev up|down|status``: the local environment as one background process.
 
 ``up`` starts a detached supervisor (``python -m pkobatch.dev.supervisor``) that owns the
-control plane, the node agent and the controller (``python -m pkobatch.main controller``);
+control plane, the node agent or the real node (``--node real``) and the controller
+(``python -m pkobatch.main controller``);
 every child dies with it (process groups + ``PR_SET_PDEATHSIG``), so stopping the
 supervisor — SIGTERM from ``down``, or even SIGKILL — stops everything. The supervisor
 records what runs in ``<state>/status.json``; ``status`` reads it back.
@@ -18,6 +19,7 @@ State directory (default ``./.pkobatch/dev``, or ``$PKOBATCH_DEV_STATE``)::
     kubeconfig            admin kubeconfig of the running cluster
     controller.log        the controller's output
     logs/<ns>/<pod>.log   output of every pod (served as pods/log by the node agent)
+    node/                 the real node's files (see pkobatch.dev.node)
     + the control plane's files (see pkobatch.dev.controlplane)
 """
 
@@ -33,11 +35,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from pkobatch.dev import processes
+from pkobatch.dev import tools as dev_tools
 from pkobatch.dev.controlplane import (
     COMPONENTS,
     ControlPlane,
@@ -46,12 +50,16 @@ from pkobatch.dev.controlplane import (
 )
 from pkobatch.dev.environment import (
     LOCAL_JOB_COMMAND,
+    NODE_KINDS,
     DevEnvironment,
+    NodeKind,
     controller_argv,
     dev_environment,
     teardown,
 )
-from pkobatch.dev.tools import available_tools, find_tools
+from pkobatch.dev.node import NodePaths, import_image, remove_node_leftovers
+from pkobatch.dev.node_network import node_network_names, remove_node_network
+from pkobatch.dev.tools import NODE_TOOLS, Component, available_tools, find_tools
 
 STATE_ENV: Final = "PKOBATCH_DEV_STATE"
 DEFAULT_STATE: Final = Path(".pkobatch") / "dev"
@@ -101,21 +109,28 @@ class DevPaths:
         return self.root / "logs"
 
 
-def controller_env(paths: DevPaths, kubeconfig: Path) -> dict[str, str]:
-    """The controller's environment: Jobs run ``python -m pkobatch.main job run`` with this
-    interpreter (the node agent runs them on this host); probes on free loopback ports."""
+def controller_env(paths: DevPaths, kubeconfig: Path, node: NodeKind = "agent") -> dict[str, str]:
+    """The controller's environment: with the node agent, Jobs run ``python -m pkobatch.main
+    job run`` with this interpreter (the agent runs them on this host); on the real node they
+    run the Job template's image and command. Probes on free loopback ports."""
     env = dict(os.environ)
     env.update(
         {
             "KUBECONFIG": str(kubeconfig),
             "PKOBATCH_KUBECONFIG": str(kubeconfig),
-            "PKOBATCH_JOB__COMMAND": LOCAL_JOB_COMMAND,
             "PKOBATCH_METRICS_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_HEALTH_ADDR": f"127.0.0.1:{processes.free_port()}",
             "PKOBATCH_LOG_FORMAT": "text",
         }
     )
+    if node == "agent":
+        env["PKOBATCH_JOB__COMMAND"] = LOCAL_JOB_COMMAND
     return env
+
+
+def required_tools(node: NodeKind) -> tuple[Component, ...]:
+    """What an environment with ``node`` cannot start without."""
+    return ("etcd", "kubernetes", *NODE_TOOLS) if node == "real" else ("etcd", "kubernetes")
 
 
 def _write_status(paths: DevPaths, status: dict[str, Any]) -> None:
@@ -148,7 +163,7 @@ def running_pid(paths: DevPaths) -> int | None:
 # -- the supervisor process ------------------------------------------------------------------
 
 
-def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
+def supervise(root: Path, *, max_pods: int, with_controller: bool, node: NodeKind) -> int:
     """Run everything until SIGTERM/SIGINT; the exit code."""
     paths = DevPaths(root)
     processes.exit_on_termination_signals()
@@ -156,12 +171,12 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
     status: dict[str, Any] = {"state": "starting", "pid": os.getpid(), "stateDir": str(root)}
     _write_status(paths, status)
     try:
-        find_tools(("etcd", "kubernetes"))
-        tools = available_tools()
+        find_tools(required_tools(node))
+        tools = available_tools((*dev_tools.COMPONENTS, *NODE_TOOLS))
         with dev_environment(
-            root, tools, crds_dir=default_crds_dir(), max_pods=max_pods
+            root, tools, crds_dir=default_crds_dir(), max_pods=max_pods, node=node
         ) as environment:
-            _supervise(environment, paths, status, with_controller=with_controller)
+            _supervise(environment, paths, status, with_controller=with_controller, node=node)
     except (KeyboardInterrupt, SystemExit):
         return 0
     except Exception as exc:
@@ -180,7 +195,12 @@ def supervise(root: Path, *, max_pods: int, with_controller: bool) -> int:
 
 
 def _supervise(
-    environment: DevEnvironment, paths: DevPaths, status: dict[str, Any], *, with_controller: bool
+    environment: DevEnvironment,
+    paths: DevPaths,
+    status: dict[str, Any],
+    *,
+    with_controller: bool,
+    node: NodeKind,
 ) -> NoReturn:
     """Keep the environment (and the controller) running; returns only by an exception."""
     control_plane, tools = environment.control_plane, environment.tools
@@ -190,6 +210,7 @@ def _supervise(
             "server": control_plane.server,
             "kubeconfig": str(control_plane.kubeconfig),
             "podLogDir": str(paths.pod_log_dir),
+            "node": node,
             "components": control_plane.pids,
             "pulumi": str(tools.pulumi) if tools.pulumi else None,
             "startedAt": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -197,7 +218,7 @@ def _supervise(
         }
     )
     controller = (
-        _ControllerKeeper(paths, controller_env(paths, control_plane.kubeconfig), status)
+        _ControllerKeeper(paths, controller_env(paths, control_plane.kubeconfig, node), status)
         if with_controller
         else None
     )
@@ -210,9 +231,12 @@ def _supervise(
             components.restart_crashed()
             if controller is not None:
                 controller.keep_running()
+            if environment.node is not None:
+                status["nodeComponents"] = environment.node.pids
+                _report_node_exits(environment, status)
             down = bool(status.get("down")) or (controller is not None and not controller.running())
             status["state"] = "degraded" if down else "running"
-            status["runningPods"] = environment.agent.running()
+            status["runningPods"] = environment.running_pods()
             _write_status(paths, status)
             time.sleep(1.0)
     finally:
@@ -291,6 +315,15 @@ class _ControllerKeeper:
         self.status["controller"] = state
 
 
+def _report_node_exits(environment: DevEnvironment, status: dict[str, Any]) -> None:
+    """A real-node component that exited is ``down`` and the environment ``degraded`` (it is
+    not restarted: a kubelet or containerd that crashes here needs a look at its log)."""
+    assert environment.node is not None
+    for name, code in environment.node.exited().items():
+        log_file = environment.node.log_dir / f"{name}.log"
+        status.setdefault("down", {})[name] = f"exited with code {code}; see {log_file}"
+
+
 class _ComponentKeeper:
     """Starts a crashed control-plane component again (etcd keeps its data, every component
     its ports), and records in the status what is down while it cannot: ``dev status`` then
@@ -354,17 +387,22 @@ def read_status(root: Path) -> dict[str, Any]:
 
 
 def up(
-    root: Path, *, max_pods: int = 4, with_controller: bool = True, timeout: float = 180
+    root: Path,
+    *,
+    max_pods: int = 4,
+    with_controller: bool = True,
+    timeout: float = 180,
+    node: NodeKind = "agent",
 ) -> dict[str, Any]:
     """Start the supervisor in the background and wait until everything runs."""
     paths = DevPaths(root)
     if running_pid(paths) is not None:
         raise DevError(f"already running (state {root}); stop it with `pkobatch dev down`")
-    find_tools(("etcd", "kubernetes"))
+    find_tools(required_tools(node))
     root.mkdir(parents=True, exist_ok=True)
     paths.status_file.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "pkobatch.dev.supervisor", "--state-dir", str(root)]
-    argv += ["--max-pods", str(max_pods)]
+    argv += ["--max-pods", str(max_pods), "--node", node]
     if not with_controller:
         argv.append("--no-controller")
     with paths.supervisor_log.open("wb") as log_file:
@@ -392,11 +430,14 @@ def up(
 
 
 def down(root: Path, *, timeout: float = 120) -> bool:
-    """Stop the supervisor (and so everything); False if nothing ran."""
+    """Stop the supervisor (and so everything); False if nothing ran. What a real node of
+    ``root`` may have left when its supervisor was killed (containers, shims, mounts,
+    cgroups, its network) is removed either way."""
     paths = DevPaths(root)
     pid = running_pid(paths)
     if pid is None:
         paths.pid_file.unlink(missing_ok=True)
+        _remove_real_node_leftovers(root)
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -408,7 +449,28 @@ def down(root: Path, *, timeout: float = 120) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     paths.pid_file.unlink(missing_ok=True)
+    _remove_real_node_leftovers(root)
     return True
+
+
+def load_images(root: Path, archives: Sequence[Path]) -> list[str]:
+    """Import image archives into the real node running in ``root``; what each import
+    reported."""
+    status = read_status(root)
+    if status.get("state") not in ("running", "degraded") or status.get("node") != "real":
+        raise DevError(
+            f"no real node runs in {root} (state {status.get('state')}); "
+            "start one with `pkobatch dev up --node real`"
+        )
+    tools = find_tools(("containerd",))
+    socket = NodePaths(root).containerd_socket
+    return [import_image(tools, socket, archive.resolve()) for archive in archives]
+
+
+def _remove_real_node_leftovers(root: Path) -> None:
+    if (root / "node").is_dir():
+        remove_node_leftovers(root)
+        remove_node_network(*node_network_names(root))
 
 
 def _main() -> int:
@@ -416,11 +478,13 @@ def _main() -> int:
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--max-pods", type=int, default=4)
     parser.add_argument("--no-controller", action="store_true")
+    parser.add_argument("--node", choices=NODE_KINDS, default="agent")
     args = parser.parse_args()
     return supervise(
         Path(args.state_dir).resolve(),
         max_pods=args.max_pods,
         with_controller=not args.no_controller,
+        node=args.node,
     )
 
 
