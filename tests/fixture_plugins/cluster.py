@@ -31,6 +31,16 @@ controller's pods as local processes, with ``crds/`` installed.
 ``SourceController`` (tests/flux_source_controller.py): Flux's real source-controller on
 ``cluster``.
 
+``real_node_tools`` -> ``Tools`` with the real node's components, after checking all it
+needs (built components, runc, root).
+
+``node_cluster`` -> ``Cluster`` whose pods run on the real node (``pkobatch.dev.node``:
+kubelet, containerd with runc, kube-proxy, kube-scheduler, in a network namespace of their
+own) instead of the node agent: ``node_cluster.node`` is the ``RealNode`` (its images are
+imported with ``node.import_image``), ``node_cluster.agent`` is None. pkobatch's CRDs are
+installed. It needs root and ``scripts/tools.sh node containerd cni_plugins crictl``: with
+``CI=true`` a missing piece fails, locally it skips saying what is missing.
+
 Module scope
 ------------
 ``fresh_cluster`` -> ``Cluster``: another control plane and node agent like ``cluster``, but
@@ -41,6 +51,7 @@ Function scope
 ``kube``       the admin ``Kube`` (same object as ``cluster.kube``).
 ``namespace``  a fresh namespace (str) holding ServiceAccount ``pkobatch-runner`` (no
                rights granted); deleted after the test (unless the test deleted it).
+``node_namespace``  the same on ``node_cluster``.
 """
 
 from __future__ import annotations
@@ -59,12 +70,13 @@ from typing import Any
 import pytest
 from sentinels import Leak, planted, report, scan_objects
 
-from fixture_plugins.tools import require_tools
+from fixture_plugins.tools import in_ci, require_tools
 from pkobatch.dev import processes
 from pkobatch.dev.controlplane import ControlPlane, default_crds_dir, install_crds
-from pkobatch.dev.environment import dev_environment
+from pkobatch.dev.environment import NodeKind, dev_environment
+from pkobatch.dev.node import NodeError, RealNode, find_runc
 from pkobatch.dev.node_agent import NodeAgent
-from pkobatch.dev.tools import Tools, available_tools
+from pkobatch.dev.tools import NODE_TOOLS, Tools, available_tools
 from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
 from pkobatch.kube.pod_logs import ApiPodLogs
 
@@ -76,11 +88,12 @@ PULUMI_IMAGE = "pulumi/pulumi:3.134.1-nonroot"
 @dataclass
 class Cluster:
     control_plane: ControlPlane
-    agent: NodeAgent
+    agent: NodeAgent | None  # None on the real node
     kube: Kube
     tools: Tools
     _clients: list[Kube] = field(default_factory=list)
     pulumi_image: str = PULUMI_IMAGE
+    node: RealNode | None = None  # the real node (``node_cluster``)
 
     @property
     def kubeconfig(self) -> Path:
@@ -96,6 +109,7 @@ class Cluster:
 
     @property
     def log_dir(self) -> Path:
+        assert self.agent is not None, "pods of the real node log through pods/log"
         return self.agent.log_dir
 
     @property
@@ -166,14 +180,64 @@ def fresh_cluster(
     yield from _cluster(state, available_tools(), sentinel_session, crds_dir=None)
 
 
+@pytest.fixture(scope="session")
+def real_node_tools() -> Tools:
+    """What the real node needs, or fail (CI) / skip (locally) saying what is missing: the
+    built components, the host's runc, and root (network namespaces, cgroups, mounts)."""
+    require_tools(("etcd", "kubernetes", *NODE_TOOLS))
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (network namespaces, cgroups, mounts)")
+    try:
+        find_runc()
+    except NodeError as exc:
+        missing.append(str(exc))
+    if missing:
+        message = "the real node needs " + "; ".join(missing)
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return available_tools(("etcd", "kubernetes", "pulumi", *NODE_TOOLS))
+
+
+@pytest.fixture(scope="session")
+def node_cluster(
+    tmp_path_factory: pytest.TempPathFactory, sentinel_session: list[Leak], real_node_tools: Tools
+) -> Iterator[Cluster]:
+    tools = real_node_tools
+    processes.exit_on_termination_signals()
+    state = tmp_path_factory.mktemp("node")
+    with in_process_log(state / "in-process.log"):
+        yield from _cluster(
+            state, tools, sentinel_session, crds_dir=default_crds_dir(), node="real"
+        )
+
+
 def _cluster(
-    state: Path, tools: Tools, leaks: list[Leak], *, crds_dir: Path | None = None
+    state: Path,
+    tools: Tools,
+    leaks: list[Leak],
+    *,
+    crds_dir: Path | None = None,
+    node: NodeKind = "agent",
 ) -> Iterator[Cluster]:
     pulumi_path = tools.pulumi_path()
     with dev_environment(
-        state, tools, crds_dir=crds_dir, max_pods=8, image_paths={PULUMI_IMAGE: pulumi_path}
+        state,
+        tools,
+        crds_dir=crds_dir,
+        # The agent runs at most this many at once; a kubelet takes them as its capacity.
+        max_pods=8 if node == "agent" else 32,
+        image_paths={PULUMI_IMAGE: pulumi_path},
+        node=node,
     ) as environment:
-        result = Cluster(environment.control_plane, environment.agent, environment.kube, tools)
+        result = Cluster(
+            environment.control_plane,
+            environment.agent,
+            environment.kube,
+            tools,
+            node=environment.node,
+        )
         yield result
         leaks.extend(scan_objects(environment.kube, planted()))
         result.close()
@@ -191,8 +255,16 @@ def _namespace_name(test_name: str) -> str:
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = _namespace_name(request.node.name)
-    kube = cluster.kube
+    yield from _test_namespace(cluster.kube, request.node.name)
+
+
+@pytest.fixture
+def node_namespace(node_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _test_namespace(node_cluster.kube, request.node.name)
+
+
+def _test_namespace(kube: Kube, test_name: str) -> Iterator[str]:
+    name = _namespace_name(test_name)
     kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     kube.create(
         SERVICEACCOUNTS,

@@ -18,7 +18,7 @@ def test_test_module_names_are_unique_across_tiers() -> None:
 def test_tier_markers_come_from_the_folder() -> None:
     """tests/conftest.py marks every test with its folder's tier; a module marking itself could
     contradict its folder."""
-    tier_mark = re.compile(r"pytest\.mark\.(unit|integration|e2e)\b")
+    tier_mark = re.compile(r"pytest\.mark\.(unit|integration|node|e2e)\b")
     marked = sorted(
         str(path.relative_to(TESTS))
         for path in TESTS.rglob("test_*.py")
@@ -30,4 +30,5 @@ def test_tier_markers_come_from_the_folder() -> None:
 def test_a_test_carries_the_marker_of_its_folder(request: pytest.FixtureRequest) -> None:
     assert request.node.get_closest_marker("unit") is not None
     assert request.node.get_closest_marker("integration") is None
+    assert request.node.get_closest_marker("node") is None
     assert request.node.get_closest_marker("e2e") is None
