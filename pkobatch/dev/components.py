@@ -47,6 +47,15 @@ def answers_ok(url: str, context: ssl.SSLContext | None = None) -> Callable[[], 
     return check
 
 
+def unverified_tls() -> ssl.SSLContext:
+    """For the health endpoint of a component that serves it with a self-signed certificate
+    of its own (kube-controller-manager, kube-scheduler): nothing but "ok" crosses it."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

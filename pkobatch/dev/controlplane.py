@@ -36,7 +36,7 @@ from typing import Final
 import yaml
 
 from pkobatch.dev import processes
-from pkobatch.dev.components import ComponentError, Components
+from pkobatch.dev.components import ComponentError, Components, unverified_tls
 from pkobatch.dev.container_logs import KubeletTls
 from pkobatch.dev.kubeconfig import (
     certificate_user,
@@ -367,10 +367,6 @@ class ControlPlane:
         pki = self.pki
         certs = self.state_dir / "control-plane" / "kcm-certs"
         certs.mkdir(parents=True, exist_ok=True)
-        # kcm serves healthz with a self-signed certificate of its own.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
         self._components.start_http(
             "kube-controller-manager",
             [
@@ -391,7 +387,7 @@ class ControlPlane:
                 "--profiling=false",
             ],
             f"https://127.0.0.1:{self.endpoints.controller_manager_port}/healthz",
-            insecure,
+            unverified_tls(),
             timeout,
         )
 

@@ -43,7 +43,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from typing import Any, Final
 import yaml
 
 from pkobatch.dev import processes
-from pkobatch.dev.components import ComponentError, Components
+from pkobatch.dev.components import ComponentError, Components, unverified_tls
 from pkobatch.dev.controlplane import ControlPlane
 from pkobatch.dev.kubeconfig import certificate_user, kubeconfig, write_kubeconfig
 from pkobatch.dev.node_network import NodeNetwork, environment_id
@@ -355,9 +354,6 @@ class RealNode:
             self._kube = None
         remove_node_leftovers(self.paths.state_dir)
 
-    def check_alive(self) -> None:
-        self._components.check_alive()
-
     def exited(self) -> dict[str, int]:
         return self._components.exited()
 
@@ -375,17 +371,6 @@ class RealNode:
     def import_image(self, archive: Path) -> None:
         """Import an OCI or Docker image archive (``import_image``)."""
         import_image(self.tools, self.containerd_socket, archive)
-
-    def images(self) -> list[str]:
-        """The names of the images the node's containerd holds."""
-        listed = subprocess.run(
-            ctr_command(self.tools, self.containerd_socket, "images", "list", "--quiet"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        return listed.stdout.split()
 
     def _pause_archive(self) -> Path:
         pause = Path(self.tools.binary("node", "pause"))
@@ -637,10 +622,6 @@ class RealNode:
         port = processes.free_port()
         certs = self.directory / "kube-scheduler-certs"
         certs.mkdir(exist_ok=True)
-        # kube-scheduler serves healthz with a self-signed certificate of its own.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
         self._components.start_http(
             "kube-scheduler",
             [
@@ -655,6 +636,6 @@ class RealNode:
                 "--profiling=false",
             ],
             f"https://127.0.0.1:{port}/healthz",
-            insecure,
+            unverified_tls(),
             timeout,
         )

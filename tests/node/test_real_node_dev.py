@@ -1,5 +1,6 @@
-"""`pkobatch dev up --node real`, `dev load-image` and `dev down` as a user runs them: a pod
-of an imported image runs, and `down` leaves nothing of the real node behind — no
+"""`pkobatch dev up --node real`, `dev load-image`, `dev status` and `dev down` as a user runs
+them: a pod of an imported image runs and `status` lists it, a node component that dies
+leaves the environment `degraded`, and `down` leaves nothing of the real node behind — no
 container, shim, mount, cgroup, socket directory, network namespace or interface — also when
 the supervisor was SIGKILLed first, which containerd's shims and their containers outlive."""
 
@@ -37,6 +38,12 @@ def processes_naming(text: str) -> list[int]:
     return [pid for pid in pids if alive(pid) and text in cmdline(pid)]
 
 
+def dev_status(state: Path) -> JSON:
+    result = pkobatch("dev", "status", "--state-dir", str(state), "-o", "json", check=False)
+    status: JSON = json.loads(result.stdout)
+    return status
+
+
 def what_is_left(state: Path) -> dict[str, object]:
     paths = NodePaths(state)
     netns, interface = node_network_names(state)
@@ -65,8 +72,14 @@ def test_down_leaves_nothing_of_the_real_node(
         "dev", "up", "--state-dir", str(state), "--node", "real", "--no-controller",
         "--timeout", "600", timeout=900,
     )  # fmt: skip
-    status = json.loads(pkobatch("dev", "status", "--state-dir", str(state), "-o", "json").stdout)
+    status = dev_status(state)
     assert status["state"] == "running" and status["node"] == "real"
+    assert set(status["nodeComponents"]) == {
+        "containerd",
+        "kubelet",
+        "kube-proxy",
+        "kube-scheduler",
+    }
     loaded = pkobatch("dev", "load-image", "--state-dir", str(state), str(busybox_archive))
     assert "pkobatch-test/busybox:1" in loaded.stdout
 
@@ -96,11 +109,25 @@ def test_down_leaves_nothing_of_the_real_node(
         )
     finally:
         kube.close()
+    wait_until(
+        lambda: dev_status(state).get("runningPods") == ["default/sleeper"],
+        timeout=60,
+        what="dev status to list the running pod",
+    )
     running = what_is_left(state)
     assert running["network namespace"] and running["host interface"], running
     assert running["runtime directory"] and running["cgroups"] and running["mounts"], running
     assert running["shims"] and processes_naming(token), running
 
+    if not killed:
+        # A node component that dies leaves the environment degraded, naming it.
+        os.kill(status["nodeComponents"]["kubelet"], signal.SIGKILL)
+        wait_until(
+            lambda: "kubelet" in (dev_status(state).get("down") or {}),
+            timeout=60,
+            what="dev status to report the kubelet down",
+        )
+        assert dev_status(state)["state"] == "degraded"
     if killed:
         os.kill(status["supervisorPid"], signal.SIGKILL)
         wait_until(lambda: not alive(status["supervisorPid"]), timeout=60, what="the kill")
