@@ -5,7 +5,8 @@
 The controller appends ``--snapshot <json>``. Like the real runner, the run reads its own Job
 at start (``ResultWriter.load_job``: the result copies that Job's labels as they were then);
 it then waits until the file ``<gate directory>/<stack name>`` exists, and writes a succeeded
-result with the runner's own writer. Its output ``run`` is the Job's name.
+result with the runner's own writer, which also vouches for it in the pod's termination
+message. Its output ``run`` is the Job's name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pkobatch.api.run import JOB_UID_ENV, SNAPSHOT_FLAG, RunResult, RunSnapshot, StackRef
 from pkobatch.kube.client import Kube
-from pkobatch.runner.report import ResultWriter
+from pkobatch.runner.report import ResultWriter, termination_log_path
 
 GATE_TIMEOUT_SECONDS = 900.0
 
@@ -31,6 +32,7 @@ def main(gate_dir: Path, flag: str, snapshot_text: str) -> None:
         Kube.connect,
         stack.namespace,
         snapshot.result_config_map,
+        termination_log=termination_log_path(os.environ),
         job_uid=os.environ.get(JOB_UID_ENV, ""),
     )
     writer.load_job()

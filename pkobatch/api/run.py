@@ -15,6 +15,11 @@ says exactly what ran.
 A ``RunResult`` is what the runner writes to the result ConfigMap under ``result.json``.
 Both carry ``schemaVersion`` so that a controller can reject a runner it does not
 understand instead of misreading it.
+
+The controller trusts a result only when the run's own pod vouches for it: as its last step
+the runner writes ``result_digest_line`` — the SHA-256 of the exact ``result.json`` text — to
+its container's termination message file, which the kubelet copies into the pod's status,
+where no namespace user can write (``digest_in_message`` reads it back; docs/security.md).
 """
 
 from __future__ import annotations
@@ -50,10 +55,34 @@ SNAPSHOT_PART_BYTES: Final = 768 * 1024
 # owns its result by it without reading the Job.
 JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+# Where the runner writes its result's digest: the container's terminationMessagePath (the
+# Job builder sets both to the same path; the local node agent maps it to a file of its own).
+TERMINATION_MESSAGE_PATH_ENV: Final = "PKOBATCH_TERMINATION_MESSAGE_PATH"
+TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+# The one line of a run's termination message: this prefix, then "sha256:<hex>".
+RESULT_DIGEST_PREFIX: Final = "pkobatch.io/result/v1 "
 
 
 def snapshot_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def result_digest(text: str) -> str:
+    """``sha256:<hex>`` of ``result.json`` as written (its UTF-8 bytes)."""
+    return f"sha256:{snapshot_sha256(text)}"
+
+
+def result_digest_line(text: str) -> str:
+    """The termination message of a run whose ``result.json`` is ``text``."""
+    return f"{RESULT_DIGEST_PREFIX}{result_digest(text)}\n"
+
+
+def digest_in_message(message: str) -> str:
+    """The result digest a termination message names; "" when it is not a run's digest line."""
+    line = message.strip()
+    if "\n" in line or not line.startswith(RESULT_DIGEST_PREFIX):
+        return ""
+    return line.removeprefix(RESULT_DIGEST_PREFIX)
 
 
 def split_snapshot(text: str, part_bytes: int = SNAPSHOT_PART_BYTES) -> list[str]:

@@ -105,15 +105,17 @@ CONTROLLER_OWN_NAMESPACE_RESOURCES: Final[frozenset[tuple[str, str]]] = frozense
 RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     # The run reads its own Job (labels and deadline; its UID also comes from the pod's label).
     ("batch", "jobs", "get"),
-    # The run's result ConfigMap (named after the Job); get also reads a large snapshot.
+    # The run's result ConfigMap (named after the Job, immutable); get also reads a large
+    # snapshot. Deleted: one of its name that is not the run's own (a forgery, a left-over),
+    # before the run creates its own.
     ("", "configmaps", "create"),
     ("", "configmaps", "get"),
-    ("", "configmaps", "update"),
+    ("", "configmaps", "delete"),
     # spec.exportOutputs: the outputs' ConfigMap and Secret (owned by the Stack), checked to be
     # the Stack's before an update or delete; deleted after a destroy. Secrets in the run's own
     # namespace only (a RoleBinding): a Stack's author can already hand any of them to a run.
     # spec.approval: a preview creates its saved plan's Secret, the approved update gets it.
-    ("", "configmaps", "delete"),
+    ("", "configmaps", "update"),
     ("", "secrets", "create"),
     ("", "secrets", "get"),
     ("", "secrets", "update"),

@@ -10,10 +10,13 @@ Order matters for speed and for safety:
    Job's UID, comes from the pod's environment (``PKOBATCH_JOB_UID``), so a Job the run cannot
    read (API unreachable, no RBAC) does not cost the result its owner;
 3. the run (``execute``, which also writes the objects of ``spec.exportOutputs``), then the
-   result ConfigMap, then the exit status.
+   result ConfigMap and, last, its digest in the termination message file (the controller
+   folds only a result the run's pod vouches for so), then the exit status.
 
 Exit status: 0 the run succeeded and its result was written; 1 it failed and its result was
-written; 3 no result could be written (the controller then records the Job's failure itself).
+written; 3 no result could be written, or not vouched for (the controller then records the
+Job's failure itself). A success is folded only from a Job that completed, so 0 and a
+succeeded result go together.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def run_job(
             ResultNotWritten,
             ResultWriter,
             job_deadline,
+            termination_log_path,
         )
 
         outputs_writer = OutputsWriter(Kube.connect, snapshot.stack.namespace)
@@ -80,6 +84,7 @@ def run_job(
             Kube.connect,
             snapshot.stack.namespace,
             snapshot.result_config_map,
+            termination_log=termination_log_path(env),
             job_uid=env.get(JOB_UID_ENV, ""),
         )
         job_error: list[str] = []

@@ -10,6 +10,13 @@ on ``batch/v1 jobs``) for its labels (copied onto the result) and its deadline (
 ``DeadlineExceeded`` from ``Cancelled``); both have fallbacks. The API calls are listed in
 ``pkobatch.kube.rbac.RUNNER_API_CALLS``.
 
+The result ConfigMap is immutable: no run and no namespace user can change it in place. One
+of its name that is not this run's own (a forgery, a left-over) is deleted and the run's own
+created instead. Then the runner vouches for it: the digest of ``result.json`` goes to the
+container's termination message file (``TERMINATION_MESSAGE_PATH_ENV``, else
+``/dev/termination-log``), which the kubelet copies into the pod's status; the controller
+folds only a result that matches it (docs/security.md).
+
 Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff:
 reading the Job a few times, writing the result for as long as the run may (minutes: an API
 server restart must not turn a finished run into a lost one). A snapshot ConfigMap that is
@@ -19,12 +26,22 @@ not there yet is waited for too: the controller creates it right after the Job.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Final
 
+from pkobatch.api.constants import RESULT_KEY
 from pkobatch.api.objects import owned_by
-from pkobatch.api.run import SNAPSHOT_KEY, RunResult, StackRef, snapshot_sha256
+from pkobatch.api.run import (
+    SNAPSHOT_KEY,
+    TERMINATION_MESSAGE_PATH,
+    TERMINATION_MESSAGE_PATH_ENV,
+    RunResult,
+    StackRef,
+    result_digest_line,
+    snapshot_sha256,
+)
 from pkobatch.api.timestamps import parse_time
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -49,6 +66,9 @@ EXPORT_WRITE_SECONDS: Final = 120.0
 # Attempts when only time bounds the retries (the backoff is capped at MAX_BACKOFF_SECONDS).
 _UNTIL_TIME_RUNS_OUT: Final = 10_000
 _TRANSIENT_STATUSES: Final = frozenset({0, 429, 500, 502, 503, 504})
+# Times the runner takes a result ConfigMap of its name that is not its own away before it
+# gives up (someone keeps creating one).
+_REPLACE_ATTEMPTS: Final = 3
 
 
 class ResultNotWritten(Exception):
@@ -62,6 +82,25 @@ class SnapshotUnreadable(Exception):
 def is_transient(error: KubeError) -> bool:
     return error.status in _TRANSIENT_STATUSES or (
         isinstance(error, Conflict) and not isinstance(error, AlreadyExists)
+    )
+
+
+def termination_log_path(env: Mapping[str, str]) -> Path:
+    """The file whose content the kubelet reports as the container's termination message."""
+    return Path(env.get(TERMINATION_MESSAGE_PATH_ENV) or TERMINATION_MESSAGE_PATH)
+
+
+def _own_result(existing: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """``existing`` is the ConfigMap ``body`` creates (a create whose response was lost)."""
+
+    def owners(obj: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+        return sorted((ref.get("kind"), ref.get("name"), ref.get("uid")) for ref in refs)
+
+    return (
+        existing.get("immutable") is True
+        and existing.get("data") == body["data"]
+        and owners(existing) == owners(body)
     )
 
 
@@ -166,7 +205,7 @@ def read_snapshot(
 
 
 class ResultWriter:
-    """Reads the run's Job and writes its result ConfigMap."""
+    """Reads the run's Job, writes its result ConfigMap and vouches for it."""
 
     def __init__(
         self,
@@ -174,6 +213,7 @@ class ResultWriter:
         namespace: str,
         name: str,
         *,
+        termination_log: Path,
         job_uid: str = "",
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -181,6 +221,8 @@ class ResultWriter:
         self._connection = _Connection(connect, sleep, clock)
         self.namespace = namespace
         self.name = name
+        # The container's termination message file (``termination_log_path``).
+        self.termination_log = termination_log
         # From the pod's label (downward API); the Job read, when it succeeds, confirms it.
         self.job_uid = job_uid
         self.job: dict[str, Any] | None = None
@@ -204,7 +246,9 @@ class ResultWriter:
         return self.job
 
     def write(self, result: RunResult, time_limit: float = RESULT_WRITE_SECONDS) -> None:
-        """Create (or, after a lost response, replace) the result ConfigMap."""
+        """Create the immutable result ConfigMap — in place of one of its name that is not
+        this run's own — then write its digest to the termination message file: the run's
+        last word, and the only proof the controller accepts that the result is the run's."""
         metadata = (self.job or {}).get("metadata") or {}
         body = result_config_map(
             result,
@@ -213,18 +257,40 @@ class ResultWriter:
             labels=result_labels(metadata.get("labels") or {}, result.stack.name, result.operation),
             job_uid=metadata.get("uid") or self.job_uid,
         )
+        where = f"ConfigMap {self.namespace}/{self.name}"
 
         def put(kube: Kube) -> None:
-            try:
-                kube.create(CONFIGMAPS, body, self.namespace)
-            except AlreadyExists:
-                existing = kube.get(CONFIGMAPS, self.name, self.namespace)
-                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                kube.replace(CONFIGMAPS, body, self.namespace)
+            for _ in range(_REPLACE_ATTEMPTS):
+                try:
+                    kube.create(CONFIGMAPS, body, self.namespace)
+                    return
+                except AlreadyExists:
+                    pass
+                try:
+                    existing = kube.get(CONFIGMAPS, self.name, self.namespace)
+                    if _own_result(existing, body):
+                        return
+                    # Not this run's (written by someone else, or left by an earlier Job of
+                    # this name): it goes, and the run's own takes its place.
+                    uid = existing["metadata"]["uid"]
+                    kube.delete(CONFIGMAPS, self.name, self.namespace, uid=uid)
+                except NotFound:
+                    continue
+            raise ResultNotWritten(
+                f"writing {where}: another ConfigMap of that name was created again each time "
+                f"the run replaced it ({_REPLACE_ATTEMPTS} times); find who writes it"
+            )
 
-        self._retrying(
-            f"writing ConfigMap {self.namespace}/{self.name}", put, time_limit, _UNTIL_TIME_RUNS_OUT
-        )
+        self._retrying(f"writing {where}", put, time_limit, _UNTIL_TIME_RUNS_OUT)
+        try:
+            self.termination_log.write_text(result_digest_line(body["data"][RESULT_KEY]))
+        except OSError as error:
+            raise ResultNotWritten(
+                f"{where} was written, but its digest could not be written to the termination "
+                f"message file {self.termination_log} ({error}), so the controller will not "
+                f"trust it: set {TERMINATION_MESSAGE_PATH_ENV} to the container's "
+                "terminationMessagePath"
+            ) from None
 
     def close(self) -> None:
         self._connection.close()

@@ -118,7 +118,8 @@ def result_config_map(
     labels: Mapping[str, str],
     job_uid: str | None,
 ) -> dict[str, Any]:
-    """The result ConfigMap, owned by the run's Job when its UID is known."""
+    """The result ConfigMap, owned by the run's Job when its UID is known; immutable, so
+    nobody changes it in place (it can only be deleted, which the controller reports)."""
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -138,5 +139,6 @@ def result_config_map(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata,
+        "immutable": True,
         "data": {RESULT_KEY: result.to_json()},
     }

@@ -8,12 +8,21 @@ covered in tests/e2e/test_runner_job.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pkobatch.api.run import RunResult, StackRef, snapshot_sha256, split_snapshot
+from pkobatch.api.run import (
+    RunResult,
+    StackRef,
+    digest_in_message,
+    result_digest,
+    snapshot_sha256,
+    split_snapshot,
+)
 from pkobatch.kube.client import (
     AlreadyExists,
     Forbidden,
@@ -28,16 +37,27 @@ from pkobatch.runner.report import (
     SnapshotUnreadable,
     job_deadline,
     read_snapshot,
+    termination_log_path,
 )
 
 
 class ScriptedKube:
-    """Raises the scripted errors, in order, then behaves."""
+    """Raises the scripted errors, in order, then behaves; ``existing`` is what a ``get`` of
+    a ConfigMap returns (one created by someone else, or the run's own)."""
 
-    def __init__(self, errors: list[KubeError]) -> None:
+    def __init__(
+        self,
+        errors: list[KubeError],
+        existing: dict[str, Any] | None = None,
+        taken: int = 0,
+    ) -> None:
         self.errors = errors
+        self.existing = existing
+        # Creates of a ConfigMap that meet one of its name (someone created it first).
+        self.taken = taken
         self.calls: list[str] = []
-        self.replaced: dict[str, Any] | None = None
+        self.created: list[dict[str, Any]] = []
+        self.deleted_uids: list[str | None] = []
 
     def _step(self, call: str) -> None:
         self.calls.append(call)
@@ -46,16 +66,24 @@ class ScriptedKube:
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         self._step(f"get {res.plural}")
+        if res.plural == "configmaps" and self.existing is not None:
+            return self.existing
         return {"metadata": {"name": name, "uid": "job-uid", "resourceVersion": "7", "labels": {}}}
 
     def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
         self._step(f"create {res.plural}")
+        if self.taken:
+            self.taken -= 1
+            raise AlreadyExists(409, "AlreadyExists", "exists")
+        self.created.append(body)
         return body
 
-    def replace(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
-        self._step(f"replace {res.plural}")
-        self.replaced = body
-        return body
+    def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None
+    ) -> Any:
+        self._step(f"delete {res.plural}")
+        self.deleted_uids.append(uid)
+        return {}
 
     def close(self) -> None:
         pass
@@ -71,57 +99,134 @@ def result() -> RunResult:
     )
 
 
-def writer(kube: ScriptedKube) -> ResultWriter:
-    return ResultWriter(lambda: kube, "ns", "s-up-1", sleep=lambda _: None)  # type: ignore[arg-type, return-value]
+@pytest.fixture
+def termination_log(tmp_path: Path) -> Path:
+    return tmp_path / "termination-log"
 
 
-def test_transient_errors_are_retried() -> None:
+def connect_to(kube: ScriptedKube) -> Callable[[], Any]:
+    """``Kube.connect`` for the stand-in."""
+    return lambda: kube
+
+
+def writer(kube: ScriptedKube, termination_log: Path) -> ResultWriter:
+    return ResultWriter(
+        connect_to(kube), "ns", "s-up-1", termination_log=termination_log, sleep=lambda _: None
+    )
+
+
+def vouches_for(termination_log: Path, body: dict[str, Any]) -> bool:
+    """The termination message names the digest of exactly what was created."""
+    text = termination_log.read_text() if termination_log.exists() else ""
+    return digest_in_message(text) == result_digest(body["data"]["result.json"])
+
+
+def test_transient_errors_are_retried_and_the_result_vouched_for_last(
+    termination_log: Path,
+) -> None:
     kube = ScriptedKube([Unreachable(0, "Unreachable", "x"), KubeError(503, "Unavailable", "y")])
-    writer(kube).write(result())
+    writer(kube, termination_log).write(result())
     assert kube.calls == ["create configmaps"] * 3
+    assert kube.created[-1]["immutable"] is True
+    assert vouches_for(termination_log, kube.created[-1])
 
 
-def test_a_lost_create_response_becomes_an_update() -> None:
-    kube = ScriptedKube([AlreadyExists(409, "AlreadyExists", "exists")])
-    writer(kube).write(result())
-    assert kube.calls == ["create configmaps", "get configmaps", "replace configmaps"]
-    assert kube.replaced is not None
-    assert kube.replaced["metadata"]["resourceVersion"] == "7"
+def test_a_lost_create_response_finds_the_runs_own_configmap(termination_log: Path) -> None:
+    own = ScriptedKube([])
+    writer(own, termination_log).write(result())
+    kube = ScriptedKube([], existing=own.created[0], taken=1)
+    writer(kube, termination_log).write(result())
+    assert kube.calls == ["create configmaps", "get configmaps"]
+    assert vouches_for(termination_log, own.created[0])
 
 
-def test_forbidden_is_not_retried() -> None:
+def test_a_configmap_of_its_name_that_is_not_its_own_is_replaced(termination_log: Path) -> None:
+    forged = {
+        "metadata": {"name": "s-up-1", "uid": "forged-uid"},
+        "data": {"result.json": '{"state": "succeeded"}'},
+    }
+    kube = ScriptedKube([], existing=forged, taken=1)
+    writer(kube, termination_log).write(result())
+    assert kube.calls == [
+        "create configmaps",
+        "get configmaps",
+        "delete configmaps",
+        "create configmaps",
+    ]
+    # Only that very object is deleted (a uid precondition), and the run's own vouched for.
+    assert kube.deleted_uids == ["forged-uid"]
+    assert vouches_for(termination_log, kube.created[-1])
+    assert not vouches_for(termination_log, forged)
+
+
+def test_a_configmap_created_again_each_time_fails_the_write_unvouched(
+    termination_log: Path,
+) -> None:
+    forged = {"metadata": {"uid": "forged-uid"}, "data": {"result.json": "{}"}}
+    kube = ScriptedKube([], existing=forged, taken=1000)
+    with pytest.raises(ResultNotWritten, match="created again each time"):
+        writer(kube, termination_log).write(result())
+    assert kube.calls.count("delete configmaps") == 3
+    assert not termination_log.exists()
+
+
+def test_forbidden_is_not_retried(termination_log: Path) -> None:
     kube = ScriptedKube([Forbidden(403, "Forbidden", "no")])
     with pytest.raises(ResultNotWritten, match="Forbidden"):
-        writer(kube).write(result())
+        writer(kube, termination_log).write(result())
     assert kube.calls == ["create configmaps"]
+    assert not termination_log.exists()
 
 
-def test_retries_are_bounded() -> None:
+def test_a_result_that_cannot_be_vouched_for_is_not_written(tmp_path: Path) -> None:
+    kube = ScriptedKube([])
+    missing = tmp_path / "no-such-directory" / "termination-log"
+    with pytest.raises(ResultNotWritten, match="PKOBATCH_TERMINATION_MESSAGE_PATH"):
+        writer(kube, missing).write(result())
+
+
+def test_the_termination_message_file_comes_from_the_environment() -> None:
+    assert termination_log_path({}) == Path("/dev/termination-log")
+    path = {"PKOBATCH_TERMINATION_MESSAGE_PATH": "/pod/termination"}
+    assert termination_log_path(path) == Path("/pod/termination")
+
+
+def test_retries_are_bounded(termination_log: Path) -> None:
     kube = ScriptedKube([KubeError(500, "InternalError", "x")] * 50)
     with pytest.raises(ResultNotWritten):
-        writer(kube).load_job()
+        writer(kube, termination_log).load_job()
     assert 1 < len(kube.calls) <= 6
 
 
-def test_the_result_write_outlasts_a_minutes_long_outage_within_its_time() -> None:
+def test_the_result_write_outlasts_a_minutes_long_outage_within_its_time(
+    termination_log: Path,
+) -> None:
     now = [0.0]
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
+    def timed_writer(kube: ScriptedKube) -> ResultWriter:
+        return ResultWriter(
+            connect_to(kube),
+            "ns",
+            "s-up-1",
+            termination_log=termination_log,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+
     kube = ScriptedKube([Unreachable(0, "Unreachable", "down")] * 30)
-    w = ResultWriter(lambda: kube, "ns", "s-up-1", sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
-    w.write(result(), time_limit=300)
+    timed_writer(kube).write(result(), time_limit=300)
     assert len(kube.calls) == 31 and 180 < now[0] <= 300
     kube = ScriptedKube([Unreachable(0, "Unreachable", "down")] * 100)
-    w = ResultWriter(lambda: kube, "ns", "s-up-1", sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
     with pytest.raises(ResultNotWritten, match="down"):
-        w.write(result(), time_limit=60)
+        timed_writer(kube).write(result(), time_limit=60)
 
 
-def test_the_job_gives_owner_and_labels() -> None:
+def test_the_job_gives_owner_and_labels(termination_log: Path) -> None:
     kube = ScriptedKube([])
-    w = writer(kube)
+    w = writer(kube, termination_log)
     w.load_job()
     w.write(result())
     assert kube.calls == ["get jobs", "create configmaps"]
@@ -133,15 +238,22 @@ def test_job_deadline() -> None:
     assert job_deadline({"spec": {}, "status": {}}) is None
 
 
-def test_the_pods_job_uid_owns_the_result_when_the_job_cannot_be_read() -> None:
+def test_the_pods_job_uid_owns_the_result_when_the_job_cannot_be_read(
+    termination_log: Path,
+) -> None:
     kube = ScriptedKube([Forbidden(403, "Forbidden", "no get on jobs")])
-    w = ResultWriter(lambda: kube, "ns", "s-up-1", job_uid="uid-from-label", sleep=lambda _: None)  # type: ignore[arg-type, return-value]
+    w = ResultWriter(
+        connect_to(kube),
+        "ns",
+        "s-up-1",
+        termination_log=termination_log,
+        job_uid="uid-from-label",
+        sleep=lambda _: None,
+    )
     with pytest.raises(ResultNotWritten):
         w.load_job()
-    created: list[dict[str, Any]] = []
-    kube.create = lambda res, body, namespace=None: created.append(body)  # type: ignore[method-assign]
     w.write(result())
-    [owner] = created[0]["metadata"]["ownerReferences"]
+    [owner] = kube.created[0]["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Job", "s-up-1", "uid-from-label")
 
 
