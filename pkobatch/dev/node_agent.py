@@ -40,8 +40,12 @@ What it does like a kubelet:
   where the host lets the agent write one (``pkobatch.dev.memory_limit``; as root); a
   container that goes over it ends with exit code 137 and reason ``OOMKilled``;
 - status goes through ``pods/status``: Running with a running container status, then
-  Succeeded/Failed with the exit code, reason ``Completed``/``Error`` and, for
-  ``terminationMessagePolicy: FallbackToLogsOnError``, the last lines of output as message;
+  Succeeded/Failed with the exit code, reason ``Completed``/``Error`` and the termination
+  message: each container gets a file of its own (``<pod dir>/termination/<container>``)
+  standing for its ``terminationMessagePath`` — path translation as for ``emptyDir``, so a
+  variable or argument naming that path names the file — and at most its first 4096 bytes
+  become the message, as with a kubelet; with ``terminationMessagePolicy:
+  FallbackToLogsOnError``, an empty file and a non-zero exit code, the last lines of output;
 - a pod that gets a deletionTimestamp (Job deadline, Job deletion, the GC) has its process
   sent SIGTERM — only the container's first process, as a container runtime does: a
   launcher that forwards signals to a child process would otherwise pass on a signal the
@@ -106,9 +110,12 @@ from pkobatch.kube.client import (
 log = logging.getLogger(__name__)
 
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
-# The kubelet's bounds for a termination message taken from the logs.
+# The kubelet's bounds for a termination message taken from the logs, and from the file.
 _MESSAGE_LINES: Final = 80
 _MESSAGE_BYTES: Final = 2048
+_MESSAGE_FILE_BYTES: Final = 4096
+# The API server's default terminationMessagePath.
+_TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 _RETRY_CONFIG_SECONDS: Final = 2.0
 _TERMINAL: Final = ("Succeeded", "Failed")
 DEFAULT_NODE_NAME: Final = "pkobatch-dev"
@@ -343,7 +350,8 @@ class _PodWorker:
                     self._report_never_started()
                     return
                 if code != 0:
-                    self._report_terminal(container, code, "", started=started, init=True)
+                    message = self._termination_message(container, code)
+                    self._report_terminal(container, code, message, started=started, init=True)
                     return
             containers = self.pod["spec"]["containers"]
             if len(containers) != 1:
@@ -360,7 +368,7 @@ class _PodWorker:
 
     def _prepare_dirs(self) -> None:
         shutil.rmtree(self.pod_dir, ignore_errors=True)
-        for sub in ("home", "tmp", "work"):
+        for sub in ("home", "tmp", "work", "termination"):
             (self.pod_dir / sub).mkdir(parents=True, mode=0o700)
         for volume in self._empty_dirs():
             (self.pod_dir / "volumes" / volume).mkdir(parents=True, mode=0o700)
@@ -384,11 +392,31 @@ class _PodWorker:
         volumes = self.pod["spec"].get("volumes") or []
         return [v["name"] for v in volumes if "emptyDir" in v]
 
+    def _termination_file(self, container: JSON) -> Path:
+        """The host file standing for the container's ``terminationMessagePath``."""
+        directory: Path = self.pod_dir / "termination"
+        return directory / str(container["name"])
+
+    def _termination_message(self, container: JSON, code: int) -> str:
+        """What a kubelet reports as the ended container's message: the first 4096 bytes of
+        its termination message file; with ``FallbackToLogsOnError``, an empty file and a
+        non-zero exit code, the end of its output."""
+        try:
+            with self._termination_file(container).open("rb") as handle:
+                message = handle.read(_MESSAGE_FILE_BYTES).decode("utf-8", "replace")
+        except OSError:
+            message = ""
+        policy = container.get("terminationMessagePolicy", "File")
+        if not message and policy == "FallbackToLogsOnError" and code:
+            return log_tail(self.log_path)
+        return message
+
     def _mounts(self, container: JSON) -> list[tuple[str, Path]]:
-        """The container's ``emptyDir`` mounts as (mountPath, host directory), longest
-        mountPath first."""
+        """The container's ``emptyDir`` mounts and its termination message file as
+        (path in the container, host path), longest path first."""
         empty_dirs = set(self._empty_dirs())
-        mounts: list[tuple[str, Path]] = []
+        message_path = container.get("terminationMessagePath") or _TERMINATION_MESSAGE_PATH
+        mounts: list[tuple[str, Path]] = [(message_path, self._termination_file(container))]
         for mount in container.get("volumeMounts") or []:
             if mount.get("name") not in empty_dirs:
                 continue
@@ -461,6 +489,7 @@ class _PodWorker:
         if resolved is None:
             return None
         argv, env, working_dir = resolved
+        self._termination_file(container).write_bytes(b"")
         started = _now()
         if processes.find_program(argv[0], env.get("PATH"), working_dir) is None:
             message = f"cannot start {argv[0]}: no such executable on the pod's PATH"
@@ -490,8 +519,7 @@ class _PodWorker:
             # As a kubelet reports a container its memory cgroup's OOM killer ended.
             code = 137
         if main:
-            policy = container.get("terminationMessagePolicy", "File")
-            message = log_tail(self.log_path) if policy == "FallbackToLogsOnError" and code else ""
+            message = self._termination_message(container, code)
             reason = "OOMKilled" if out_of_memory else None
             self._report_terminal(container, code, message, started=started, reason=reason)
         return code

@@ -92,6 +92,65 @@ def test_failing_job_fails_with_exit_code_and_message(
     assert len(lines) == 80
 
 
+# Writes argv[1] (its size: argv[2] characters) to the file $MESSAGE_FILE names, prints a
+# line, and exits with argv[3].
+WRITE_MESSAGE = textwrap.dedent(
+    """
+    import os, sys
+    text = sys.argv[1] * int(sys.argv[2])
+    with open(os.environ["MESSAGE_FILE"], "w") as f:
+        f.write(text)
+    print("a line of output")
+    sys.exit(int(sys.argv[3]))
+    """
+)
+
+
+def test_the_termination_message_file_becomes_the_containers_message(
+    kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
+) -> None:
+    """As with a kubelet: the file at terminationMessagePath (here named to the process by a
+    variable holding that path), at most 4096 bytes of it; with FallbackToLogsOnError the
+    output only when the file is empty and the exit code not zero."""
+    cases = {
+        # name: (terminationMessagePath, policy, text, repeat, exit code)
+        "default-path": (None, "File", "sha256:abc", 1, 0),
+        "own-path": ("/run/pkobatch/message", "FallbackToLogsOnError", "failed: why", 1, 2),
+        "too-long": (None, "File", "x", 5000, 0),
+        "empty-file": (None, "FallbackToLogsOnError", "", 1, 3),
+        "empty-file-policy-file": (None, "File", "", 1, 3),
+    }
+    for name, (path, policy, text, repeat, code) in cases.items():
+        container: JSON = {"terminationMessagePolicy": policy}
+        if path:
+            container["terminationMessagePath"] = path
+        job = python_job(
+            name,
+            WRITE_MESSAGE,
+            env=[{"name": "MESSAGE_FILE", "value": path or "/dev/termination-log"}],
+            container=container,
+        )
+        job["spec"]["template"]["spec"]["containers"][0]["command"] += [
+            text,
+            str(repeat),
+            str(code),
+        ]
+        kube.create(JOBS, job, namespace)
+    messages = {}
+    for name in cases:
+        wait_job(namespace, name)
+        (pod,) = job_pods(namespace, name)
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        messages[name] = terminated.get("message", "")
+    assert messages == {
+        "default-path": "sha256:abc",
+        "own-path": "failed: why",
+        "too-long": "x" * 4096,
+        "empty-file": "a line of output",
+        "empty-file-policy-file": "",
+    }
+
+
 def test_a_container_over_its_memory_limit_is_oom_killed(
     kube: Kube, namespace: str, python_job: Any, wait_job: Any, job_pods: Any
 ) -> None:
