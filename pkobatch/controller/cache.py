@@ -23,7 +23,9 @@ reads:
   ``FailureTarget``: one more dict per finished Job that nothing reads);
 - result ConfigMaps: metadata and ``result.json`` reduced to the fields folding reads
   (``FOLDED_RESULT_FIELDS``, and ``SAVED_PLAN_FIELDS`` of a preview that saved a plan for
-  approval); unreadable JSON is kept as it is, so folding reports it.
+  approval); unreadable JSON is kept as it is, so folding reports it. The digest of the
+  whole ``result.json`` is kept beside it (``fold.RESULT_DIGEST_KEY``): folding checks it
+  against the digest the run's pod reported (``fold.trusted_result``).
 
 Live reads (``Kube.get``) return whole objects; nothing here changes what is written.
 
@@ -56,6 +58,7 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.objects import JSON
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef
+from pkobatch.controller.fold import RESULT_DIGEST_KEY, result_text_digest
 from pkobatch.controller.jobs import Run
 from pkobatch.runner.result import result_config_map, result_labels
 
@@ -226,10 +229,12 @@ def folded_result(text: str) -> str:
 
 
 def cache_result(obj: JSON) -> JSON:
-    """A result ConfigMap as cached: metadata and the folded fields of ``result.json``."""
+    """A result ConfigMap as cached: metadata, the folded fields of ``result.json`` and the
+    digest of all of it."""
     kept: JSON = {**_type(obj), "metadata": _metadata(obj.get("metadata") or {})}
     text = (obj.get("data") or {}).get(RESULT_KEY)
     if isinstance(text, str):
+        kept[RESULT_DIGEST_KEY] = result_text_digest(obj)
         kept["data"] = {RESULT_KEY: folded_result(text)}
     return kept
 

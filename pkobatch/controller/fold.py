@@ -1,19 +1,26 @@
 """How a finished run becomes Stack status (pure).
 
-A run ends in exactly one ``Outcome``, whatever happened to it:
+A run ends in exactly one ``Outcome``, once its Job has finished (Complete or Failed) —
+never before, whatever ConfigMap exists by then:
 
-- the runner wrote its result ConfigMap: the result, accepted only if the ConfigMap is
-  owned by this very Job (name and UID) and belongs to this Stack — even before the Job
-  controller marks the Job finished. A runner that knows neither its Job's UID (the pod
-  label, ``PKOBATCH_JOB_UID``) nor could read its Job writes its result without an owner;
-  such a result still counts when it was created no earlier than the Job, since a left-over
-  of an earlier Job of the same name would be older (a real result is never discarded);
-- the Job ended without a (valid) result: a failure whose reason comes from the Job's
+- the runner wrote its result ConfigMap and the run's pod vouches for it: the result.
+  ``trusted_result`` accepts it only if the ConfigMap is owned by this very Job (name and
+  UID; or, written by a runner that knew neither, without owner and created no earlier than
+  the Job) and belongs to this Stack, and its ``result.json`` hashes to the digest a pod of
+  this Job reported in its ``pulumi`` container's termination message — which the kubelet
+  writes into the pod's status, where no namespace user can (docs/security.md). A result
+  that fails any of this is ignored with a Warning Event (``ResultRejected``, naming the
+  ConfigMap and why, never its content); one the pod reported but that is gone was deleted
+  (``ResultDeleted``). A success counts only from a Job that completed: the runner exits
+  non-zero after a failure, so a "succeeded" result of a failed Job is not believed either;
+- the Job ended without a (trusted) result: a failure whose reason comes from the Job's
   conditions — ``DeadlineExceeded`` for ``activeDeadlineSeconds``, ``Interrupted`` when the
   pod failure policy matched ``DisruptionTarget`` (eviction, preemption, drain) — or from
   its pod's status (``pod_cause``: ``OOMKilled``, ``Evicted``, ``ImagePullFailed``,
   ``ContainerConfigError``, ``Unschedulable``, in words that say what to change), otherwise
-  ``JobFailed`` with the Job controller's message;
+  ``JobFailed`` with the Job controller's message; a Job that completed without one is
+  ``JobFailed`` too. A run whose pod is gone has no result to trust: it fails the same way
+  and, like every failed run, is retried;
 - the Job's pod has not been able to start for ``POD_START_LIMIT`` (image pull errors, a
   container that cannot be created, no node for it): that cause, and the Job is deleted
   so the retry is not blocked — rather than an hour of waiting for the Job's deadline;
@@ -45,7 +52,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -60,7 +67,14 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON, job_finished, true_condition
-from pkobatch.api.run import MAX_PLANNED_RESOURCES, SECRET_PLACEHOLDER, RunResult, RunState
+from pkobatch.api.run import (
+    MAX_PLANNED_RESOURCES,
+    SECRET_PLACEHOLDER,
+    RunResult,
+    RunState,
+    digest_in_message,
+    result_digest,
+)
 from pkobatch.api.stack import Condition
 from pkobatch.api.status import (
     DriftCheck,
@@ -73,6 +87,7 @@ from pkobatch.api.status import (
 )
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.controller.jobs import (
+    CONTAINER_NAME,
     DRIFT_TRIGGER_PREFIX,
     REMEDIATE_TRIGGER_PREFIX,
     SCHEDULE_TRIGGER_PREFIX,
@@ -87,6 +102,12 @@ JOB_REASON_DEADLINE: Final = "DeadlineExceeded"
 JOB_REASON_POD_FAILURE_POLICY: Final = "PodFailurePolicy"
 POD_CREATION_FAILED: Final = "PodCreationFailed"
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
+# Warning Events about a run's result ConfigMap that was not folded.
+EVENT_RESULT_REJECTED: Final = "ResultRejected"
+EVENT_RESULT_DELETED: Final = "ResultDeleted"
+# Where a cached result ConfigMap keeps the digest of its whole ``result.json`` (the cache
+# keeps only the fields folding reads: ``pkobatch.controller.cache``).
+RESULT_DIGEST_KEY: Final = "pkobatch.io/resultDigest"
 _OUTPUT_KEY_INVALID: Final = re.compile(r"[^-._a-zA-Z0-9]")
 
 
@@ -245,14 +266,13 @@ def _newest(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
 
 
 def pod_status_matters(job: Mapping[str, Any], now: datetime) -> bool:
-    """Whether the Job's pods must be read to tell what happened to a run without a
-    result: it failed, or its pod has not become ready within ``POD_START_LIMIT``."""
-    if job_deleting(job):
-        return False
-    if true_condition(job, "Failed") is not None:
+    """Whether the Job's pods must be read: it has finished (its pod vouches for its result,
+    ``trusted_result``, and tells why a run without one failed), or it runs but its pod has
+    not become ready within ``POD_START_LIMIT``."""
+    if job_finished(job):
         return True
     status = job.get("status") or {}
-    if job_finished(job) or status.get("ready") or not status.get("active"):
+    if job_deleting(job) or status.get("ready") or not status.get("active"):
         return False
     created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
     return created is not None and now - created >= POD_START_LIMIT
@@ -293,6 +313,9 @@ class Outcome:
     message: str
     finished_at: datetime
     result: RunResult | None = None
+    # A Warning Event about the run's result ConfigMap, which was not folded (rejected, or
+    # deleted before it could be).
+    result_event: Event | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -344,6 +367,71 @@ def read_result(
     return result, ""
 
 
+def result_text_digest(configmap: Mapping[str, Any]) -> str:
+    """The digest of the ConfigMap's whole ``result.json``: as the cache recorded it, else
+    computed ("" when it holds none)."""
+    cached = configmap.get(RESULT_DIGEST_KEY)
+    if isinstance(cached, str):
+        return cached
+    text = (configmap.get("data") or {}).get(RESULT_KEY)
+    return result_digest(text) if isinstance(text, str) else ""
+
+
+def vouched_digests(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str] | None:
+    """The result digests the pods of ``job`` reported when their run container ended (the
+    kubelet copies its termination message file into the pod's status); None when no pod of
+    the Job is left."""
+    uid = (job.get("metadata") or {}).get("uid")
+    digests: set[str] | None = None
+    for pod in pods:
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
+        if not any(
+            o.get("kind") == "Job" and o.get("uid") == uid and o.get("controller") for o in owners
+        ):
+            continue
+        if digests is None:
+            digests = set()
+        for container in (pod.get("status") or {}).get("containerStatuses") or ():
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if container.get("name") == CONTAINER_NAME and terminated.get("message"):
+                digest = digest_in_message(str(terminated["message"]))
+                if digest:
+                    digests.add(digest)
+    return digests
+
+
+def trusted_result(
+    configmap: Mapping[str, Any] | None,
+    job: Mapping[str, Any],
+    stack_uid: str,
+    pods: Sequence[Mapping[str, Any]],
+) -> tuple[RunResult | None, str]:
+    """The run's result if ``configmap`` is the result the pod of ``job`` wrote and vouched
+    for; else why it is not ("" when there is no ConfigMap)."""
+    result, problem = read_result(configmap, job, stack_uid)
+    if result is None or configmap is None:
+        return None, problem
+    name = (configmap.get("metadata") or {}).get("name")
+    job_name = (job.get("metadata") or {}).get("name")
+    digests = vouched_digests(job, pods)
+    if digests is None:
+        return None, (
+            f"ConfigMap {name} cannot be verified: the pod of run {job_name}, which reports "
+            "the digest of the result it wrote, is gone; it was ignored"
+        )
+    if not digests:
+        return None, (
+            f"ConfigMap {name} was not vouched for by the pod of run {job_name} (it reported no "
+            "result digest when it ended); it was ignored"
+        )
+    if result_text_digest(configmap) not in digests:
+        return None, (
+            f"ConfigMap {name} is not the result the pod of run {job_name} wrote (its "
+            f"{RESULT_KEY} does not match the digest the pod reported); it was ignored"
+        )
+    return result, ""
+
+
 def job_outcome(
     job: Mapping[str, Any],
     configmap: Mapping[str, Any] | None,
@@ -351,15 +439,26 @@ def job_outcome(
     now: datetime,
     pods: Sequence[Mapping[str, Any]] = (),
 ) -> Outcome | None:
-    """The outcome of a run: its result as soon as the runner wrote it (the runner writes
-    it last, and the Job controller may mark the Job finished much later under load), else
-    what the finished Job and its pod (``pods``: the Job's pods, when it failed without a
-    result) say; None while it runs."""
-    result, problem = read_result(configmap, job, stack_uid)
+    """The outcome of a run once its Job has finished (None while it runs): its trusted
+    result (``trusted_result``; a success only from a Job that completed), else what the
+    finished Job and its pod (``pods``: the Job's pods) say."""
     complete = true_condition(job, "Complete")
     failed = true_condition(job, "Failed")
-    ended = complete or failed or {}
-    finished_at = parse_time(ended.get("lastTransitionTime")) or now
+    if complete is None and failed is None:
+        return None
+    finished_at = parse_time((complete or failed or {}).get("lastTransitionTime")) or now
+    name = (job.get("metadata") or {}).get("name")
+    result, problem = trusted_result(configmap, job, stack_uid, pods)
+    event = Event("Warning", EVENT_RESULT_REJECTED, f"run {name}: {problem}") if problem else None
+    if configmap is None and vouched_digests(job, pods):
+        problem = (
+            f"the run's pod reported writing result ConfigMap {name}, but it is gone: it was "
+            "deleted before the controller folded it"
+        )
+        event = Event("Warning", EVENT_RESULT_DELETED, f"run {name}: {problem}")
+    if result is not None and result.state == "succeeded" and complete is None:
+        problem = f"its result says the operation succeeded, but Job {name} failed"
+        result = None
     if result is not None:
         return Outcome(
             state=result.state,
@@ -368,9 +467,20 @@ def job_outcome(
             finished_at=result.end_time or finished_at,
             result=result,
         )
-    if complete is None and failed is None:
-        return None
-    name = (job.get("metadata") or {}).get("name")
+    outcome = _failed_job_outcome(job, failed, name, problem, finished_at, pods)
+    return replace(outcome, result_event=event)
+
+
+def _failed_job_outcome(
+    job: Mapping[str, Any],
+    failed: Mapping[str, Any] | None,
+    name: Any,
+    problem: str,
+    finished_at: datetime,
+    pods: Sequence[Mapping[str, Any]],
+) -> Outcome:
+    """A finished run without a trusted result: what its Job (``failed``: its Failed
+    condition, None when it completed) and pod say."""
     suffix = f" ({problem})" if problem else ""
     if failed is not None:
         reason = str(failed.get("reason") or "")
@@ -417,10 +527,17 @@ def job_outcome(
             f"`pkobatch logs` or the Job's pod for the cause (image pull, OOM, crash){suffix}",
             finished_at,
         )
+    if problem:
+        return Outcome(
+            "failed",
+            "JobFailed",
+            f"run {name} completed without a result the controller can trust ({problem})",
+            finished_at,
+        )
     return Outcome(
         "failed",
         "JobFailed",
-        f"run {name} completed without writing its result ConfigMap{suffix}",
+        f"run {name} completed without writing its result ConfigMap",
         finished_at,
     )
 
@@ -736,6 +853,8 @@ def fold_run(
             status["lastScheduleTime"] = moment
     for cleared in result.cleared_locks if result is not None else []:
         events.append(Event("Warning", EVENT_STALE_LOCK_REMOVED, f"{job_name}: {cleared}"))
+    if outcome.result_event is not None:
+        events.append(outcome.result_event)
     if outcome.succeeded:
         events.append(Event("Normal", EVENT_CREATED, f"{run.operation} {job_name} succeeded"))
     else:

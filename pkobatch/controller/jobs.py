@@ -90,6 +90,8 @@ from pkobatch.api.run import (
     SNAPSHOT_FLAG,
     SNAPSHOT_KEY,
     SNAPSHOT_SHA256_FLAG,
+    TERMINATION_MESSAGE_PATH,
+    TERMINATION_MESSAGE_PATH_ENV,
     FluxArtifact,
     GitAuthEnv,
     PlanRef,
@@ -781,7 +783,7 @@ def build_run(
         )
     # The runner's cancellation budget is the grace period the pod really gets.
     grace = pod_template["spec"].get("terminationGracePeriodSeconds")
-    owned = {ENV_GRACE_PERIOD, JOB_UID_ENV}
+    owned = {ENV_GRACE_PERIOD, JOB_UID_ENV, TERMINATION_MESSAGE_PATH_ENV}
     runner["env"] = [
         *(e for e in runner.get("env") or [] if e.get("name") not in owned),
         {"name": ENV_GRACE_PERIOD, "value": str(grace)},
@@ -789,7 +791,11 @@ def build_run(
             "name": JOB_UID_ENV,
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}},
         },
+        # The runner vouches for its result there; the controller reads it from the pod's
+        # status (docs/security.md), so no template may move it.
+        {"name": TERMINATION_MESSAGE_PATH_ENV, "value": TERMINATION_MESSAGE_PATH},
     ]
+    runner["terminationMessagePath"] = TERMINATION_MESSAGE_PATH
     _replace_container(pod_template["spec"], runner)
     _check_pod_security(pod_template, settings.pod_security_level, template)
     return RunObjects(job, tuple(inputs))

@@ -12,10 +12,13 @@ conclusion, so they are closed with a live ``get``:
 Only objects owned by this Stack's UID count: the Jobs of a deleted Stack that had the same
 name are not adopted by its successor.
 
-The current Job's pods are listed (by the Job controller's label, one small ``list``) only
-when their status is the only account of what happened: the Job failed without a result
-(OOMKilled, evicted, deadline), or its pod has not become ready for
-``fold.POD_START_LIMIT`` (image pull errors, unschedulable) — ``fold.pod_status_matters``.
+The current Job's pods are listed (by the Job controller's label, one small ``list``) once
+the Job has finished — its result is folded only if its pod vouches for it
+(``fold.trusted_result``), and its pod's status tells why a run without one failed (OOMKilled,
+evicted, deadline) — and while it runs only when its pod has not become ready for
+``fold.POD_START_LIMIT`` (image pull errors, unschedulable): ``fold.pod_status_matters``. So
+a run costs one list when it is folded. A list that fails fails the reconcile, which is
+retried, rather than folding a genuine result as untrusted.
 
 When the current Job still has no pod some seconds after its creation
 (``fold.job_without_pod``), the Job controller may be unable to create one. Its reason is
@@ -165,7 +168,7 @@ class Observer:
             failure = self._failed_create(job)
             if failure:
                 pod_creation_failures[current] = failure
-        if job is not None and current not in results and pod_status_matters(job, now):
+        if job is not None and pod_status_matters(job, now):
             run_pods[current] = self._pods_of(job)
 
         source = None
@@ -284,17 +287,13 @@ class Observer:
         return str(latest.get("message") or latest.get("note") or "")
 
     def _pods_of(self, job: Mapping[str, Any]) -> list[JSON]:
-        """The pods of ``job`` (by the Job controller's label), [] when they cannot be read."""
+        """The pods of ``job`` (by the Job controller's label)."""
         meta = job.get("metadata") or {}
-        try:
-            pods, _ = self._kube.list_objects(
-                PODS,
-                str(meta.get("namespace")),
-                label_selector=f"{JOB_CONTROLLER_UID_LABEL}={meta.get('uid')}",
-            )
-        except KubeError as exc:
-            log.warning("cannot list the pods of job %s: %s", meta.get("name"), exc)
-            return []
+        pods, _ = self._kube.list_objects(
+            PODS,
+            str(meta.get("namespace")),
+            label_selector=f"{JOB_CONTROLLER_UID_LABEL}={meta.get('uid')}",
+        )
         return pods
 
     def _get(self, resource: Resource, name: str, namespace: str) -> JSON | None:

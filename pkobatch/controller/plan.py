@@ -8,10 +8,11 @@ never does I/O, so every rule below has unit tests.
 
 Order of the decision, which is also the order of priority:
 
-1. **Settle the current run.** ``status.currentUpdate`` names the Stack's Job. If it has
-   finished, fold its result (or the reason it has none); if it has vanished, fold an
-   ``Interrupted`` failure. With no current run but an active Job of this Stack (a crash
-   between creating the Job and writing status), adopt that Job.
+1. **Settle the current run.** ``status.currentUpdate`` names the Stack's Job. Once it has
+   finished, fold its result — only one its pod vouches for, ``fold.trusted_result`` — or
+   the reason it has none; if it has vanished, fold an ``Interrupted`` failure. With no
+   current run but an active Job of this Stack (a crash between creating the Job and
+   writing status), adopt that Job.
 2. **Deletion.** ``pkobatch.io/abandon: "true"`` drops the finalizer (any other value is
    refused, so the destroy runs). Otherwise wait for a running Job, then remove the
    finalizer at once — unless ``destroyOnFinalize`` (and not ``preview``) asks for a
@@ -32,7 +33,8 @@ reported (``AnnotationsRefused``, or the request's ``Rejected`` answer), never c
 
 Job names are deterministic per decision, so when a Job with the name this decision would
 create already exists and has finished (its result was never folded), it is folded
-instead of starting another run.
+instead of starting another run — or, when its pods were not observed (the observer reads
+them for the current run only), made the current run, to be folded by the next reconcile.
 
 This module holds the order of the decision and turns it into a ``Plan``; the rules it
 applies live with what they are about: how a finished run becomes status (``lastUpdate``,
@@ -247,8 +249,9 @@ class Observed:
     # Job name -> why the Job controller cannot create its pod (its FailedCreate Event);
     # asked only for the current Job when it has no pod (see fold.job_without_pod).
     pod_creation_failures: Mapping[str, str] = field(default_factory=dict)
-    # Job name -> its pods; read only for the current Job when they alone can tell what
-    # happened (see fold.pod_status_matters).
+    # Job name -> its pods; read only for the current Job: once it has finished (its pod
+    # vouches for its result, fold.trusted_result), or when they alone can tell why it cannot
+    # start (see fold.pod_status_matters).
     run_pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     # The Stack's managedFields, read live only when it approves its pending plan (they name
     # the approver; the cache drops them).
@@ -417,7 +420,8 @@ class _Planner:
                     self._reconcile()
                 break
             except _Refold as refold:
-                self._fold_job(refold.job)
+                if not self._fold_job(refold.job):
+                    break
         self._prune_history()
         self.status["conditions"] = [c.to_manifest() for c in self.conditions]
         if not self.status["conditions"]:
@@ -586,8 +590,19 @@ class _Planner:
             "commit": run.commit,
         }
 
-    def _fold_job(self, job: Mapping[str, Any]) -> None:
+    def _fold_job(self, job: Mapping[str, Any]) -> bool:
+        """Fold ``job`` if it has ended (True), else look again in time (False)."""
         name = str(job["metadata"]["name"])
+        if job_finished(job) and name not in self.obs.run_pods:
+            # Its result is trusted only as its pod vouches for it, and the observer reads
+            # the pods of the current run only: make it current, fold it next time.
+            if self._current_name() != name:
+                run = self._run_of(name, job)
+                self._set_current(run, name)
+                if changes_stack(run):
+                    self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
+            self._requeue_in(1.0)
+            return False
         pods = self.obs.run_pods.get(name, ())
         outcome = job_outcome(job, self.obs.results.get(name), self.uid, self.now, pods)
         # A run whose pod cannot be created, or cannot start: its Job must go so the retry
@@ -598,7 +613,7 @@ class _Planner:
             if not failure:
                 # Look for the Job controller's FailedCreate Event again in a while.
                 self._requeue_in(POD_CREATION_RECHECK)
-                return
+                return False
             stuck = pod_creation_outcome(job, failure, self.now)
         if stuck is not None:
             self.result.delete_jobs.append(JobDeletion(name, str(job["metadata"].get("uid") or "")))
@@ -611,9 +626,10 @@ class _Planner:
             elif created is not None and not status.get("ready"):
                 # Look at its pod when it may have been unable to start for too long.
                 self._requeue_in(max(created + POD_START_LIMIT - self.now, POD_CREATION_RECHECK))
-            return
+            return False
         started = parse_time((job.get("status") or {}).get("startTime"))
         self._fold(self._run_of(name, job), name, outcome, started)
+        return True
 
     def _fold(self, run: Run, name: str, outcome: Outcome, started: datetime | None) -> None:
         """Record how run ``name`` ended (``fold.fold_run``, the approval record included).
@@ -823,7 +839,7 @@ class _Planner:
                 if changes_stack(run):
                     self._reconciling(RECONCILING_PROCESSING_REASON, _running_message(run, name))
                 return
-            # Its run is recorded (result in, or cancelled) but its pod has not stopped yet:
+            # Its run is recorded (cancelled) but its pod has not stopped yet:
             # decide as usual, only start nothing until it is gone.
             self.stopping = name
         spec = self.spec

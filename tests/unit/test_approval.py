@@ -46,18 +46,13 @@ def finish_preview(
     world: World, plan: str = PLAN, changes: dict[str, int] | None = None, commit: str = SHA1
 ) -> str:
     """The current preview ends having saved ``plan`` (as the runner reports it)."""
-    name = world.finish(commit=commit)
-    data = world.results[name]["data"]
-    result = RunResult.model_validate_json(data[RESULT_KEY]).model_copy(
-        update={
-            "plan_id": plan,
-            "changes": CHANGES if changes is None else changes,
-            "planned_resources": [PlannedStep(urn="urn:pulumi:dev::app::x::file-0", op="create")],
-            "planned_resource_count": 2,
-        }
+    return world.finish(
+        commit=commit,
+        plan_id=plan,
+        changes=CHANGES if changes is None else changes,
+        planned_resources=[PlannedStep(urn="urn:pulumi:dev::app::x::file-0", op="create")],
+        planned_resource_count=2,
     )
-    data[RESULT_KEY] = result.to_json()
-    return name
 
 
 def approve_by_annotation(world: World, plan: str, manager: str = "pkobatch-cli:alice") -> None:

@@ -370,11 +370,21 @@ def test_forgotten_stacks_are_not_polled_for() -> None:
 
 
 class LiveReads:
-    """Answers ``get`` from a dict; records what was asked."""
+    """Answers ``get`` from a dict and lists of pods with ``pods``; records what was asked."""
 
-    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]], pods: Any = ()) -> None:
         self.objects = objects
+        self.pods = pods
         self.asked: list[tuple[str, str]] = []
+
+    def list_objects(
+        self, resource: Any, namespace: str | None = None, **selectors: Any
+    ) -> tuple[list[dict[str, Any]], str]:
+        assert resource.plural == "pods"
+        self.asked.append(("pods", selectors["label_selector"]))
+        if isinstance(self.pods, Exception):
+            raise self.pods
+        return list(self.pods), "1"
 
     def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
         from pkobatch.kube.client import NotFound
@@ -435,11 +445,39 @@ def test_observe_confirms_a_vanished_job_and_a_missing_result() -> None:
     )
     assert observed.jobs == []
     live = LiveReads({("configmaps", "app-up-2"): {"metadata": {"name": "app-up-2"}}})
-    observed = observer_world("app-up-2", [job_of("app-up-2", done=True)], live).observe(
+    done = job_of("app-up-2", done=True)
+    done["metadata"]["uid"] = "job-uid"
+    observed = observer_world("app-up-2", [done], live).observe(
         StackKey("ns", "app"), datetime.now(UTC)
     )
     assert list(observed.results) == ["app-up-2"]
-    assert live.asked == [("configmaps", "app-up-2")]
+    assert live.asked[0] == ("configmaps", "app-up-2")
+
+
+def test_observe_reads_the_pods_of_a_finished_run_which_vouch_for_its_result() -> None:
+    from pkobatch.kube.client import Unreachable
+
+    pod = {"metadata": {"name": "app-up-2-x"}}
+    done = job_of("app-up-2", done=True)
+    done["metadata"]["uid"] = "job-uid"
+    live = LiveReads({}, pods=[pod])
+    observed = observer_world("app-up-2", [done], live).observe(
+        StackKey("ns", "app"), datetime.now(UTC)
+    )
+    assert observed.run_pods == {"app-up-2": [pod]}
+    assert ("pods", "batch.kubernetes.io/controller-uid=job-uid") in live.asked
+    # Unread pods would fold a genuine result as untrusted: the reconcile fails, and is
+    # retried, instead.
+    live = LiveReads({}, pods=Unreachable(0, "Unreachable", "down"))
+    with pytest.raises(Unreachable):
+        observer_world("app-up-2", [done], live).observe(StackKey("ns", "app"), datetime.now(UTC))
+    # A running Job's pods are not read (its pod started in time).
+    running = job_of("app-up-2")
+    live = LiveReads({}, pods=[pod])
+    observed = observer_world("app-up-2", [running], live).observe(
+        StackKey("ns", "app"), datetime.now(UTC)
+    )
+    assert observed.run_pods == {} and live.asked == []
 
 
 def test_observe_ignores_jobs_of_an_earlier_stack_with_the_same_name() -> None:

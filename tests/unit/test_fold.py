@@ -9,11 +9,20 @@ import pytest
 
 from pkobatch.api.constants import EVENT_CREATED, RESULT_KEY
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
-from pkobatch.api.run import RunResult, StackRef
+from pkobatch.api.objects import JSON
+from pkobatch.api.run import (
+    RunResult,
+    StackRef,
+    digest_in_message,
+    result_digest,
+    result_digest_line,
+)
 from pkobatch.api.status import OperationRequest, StatusObject
 from pkobatch.api.timestamps import parse_time
+from pkobatch.controller.cache import cache_result
 from pkobatch.controller.fold import (
     EVENT_PLAN_SAVED,
+    RESULT_DIGEST_KEY,
     Outcome,
     fold_run,
     folded_last_update,
@@ -63,14 +72,84 @@ def finished(kind: str, **fields: Any) -> dict[str, Any]:
     return {**JOB, "status": {"conditions": [{**condition, **fields}]}}
 
 
-def test_running_job_has_no_outcome() -> None:
+def pod(message: str | None, owner_uid: str = "job-uid", container: str = "pulumi") -> JSON:
+    """A pod of the Job whose run container ended with ``message`` (None: no message)."""
+    terminated: JSON = {"exitCode": 0, "reason": "Completed"}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "metadata": {
+            "name": "app-up-1-abcde",
+            "ownerReferences": [
+                {"kind": "Job", "name": "app-up-1", "uid": owner_uid, "controller": True}
+            ],
+        },
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": container, "state": {"terminated": terminated}}],
+        },
+    }
+
+
+def vouching(cm: JSON) -> list[JSON]:
+    """The run's pod, having reported the digest of ``cm``'s result.json as the runner does."""
+    return [pod(result_digest_line(cm["data"][RESULT_KEY]))]
+
+
+def test_running_job_has_no_outcome_whatever_configmap_exists() -> None:
     assert job_outcome(JOB, None, "stack-uid", NOW) is None
+    cm = configmap(result())
+    assert job_outcome(JOB, cm, "stack-uid", NOW, vouching(cm)) is None
 
 
-def test_genuine_result_is_accepted() -> None:
-    outcome = job_outcome(finished("Complete"), configmap(result()), "stack-uid", NOW)
+def test_a_result_the_runs_pod_vouches_for_is_folded() -> None:
+    cm = configmap(result(outputs={"url": "https://app"}))
+    outcome = job_outcome(finished("Complete"), cm, "stack-uid", NOW, vouching(cm))
     assert outcome is not None and outcome.succeeded and outcome.result is not None
+    assert outcome.result.outputs == {"url": "https://app"}
     assert outcome.finished_at == datetime(2026, 2, 1, 7, 59, tzinfo=UTC)
+    assert outcome.result_event is None
+    # As the controller's cache holds it: the digest of the whole result.json beside it.
+    cached = cache_result({"kind": "ConfigMap", **cm})
+    assert cached[RESULT_DIGEST_KEY] == result_digest(cm["data"][RESULT_KEY])
+    from_cache = job_outcome(finished("Complete"), cached, "stack-uid", NOW, vouching(cm))
+    assert from_cache is not None and from_cache.succeeded
+
+
+FORGED = result(outputs={"forged": "by someone else"}, permalink="https://forged.example/")
+
+
+@pytest.mark.parametrize(
+    ("pods", "problem"),
+    [
+        # The run's pod vouched for what it wrote; this is something else.
+        (vouching(configmap(result())), "is not the result the pod of run app-up-1 wrote"),
+        # The pod ended without vouching for anything (no message, or not a digest line).
+        ([pod(None)], "reported no result digest"),
+        ([pod("Error: the runner crashed")], "reported no result digest"),
+        ([pod(result_digest_line(FORGED.to_json()), container="sidecar")], "no result digest"),
+        # No pod of this Job is left: nothing vouches for anything (fail closed).
+        ([], "is gone"),
+        ([pod(result_digest_line(FORGED.to_json()), owner_uid="other-job")], "is gone"),
+    ],
+)
+def test_a_result_its_pod_does_not_vouch_for_is_rejected_with_a_warning(
+    pods: list[JSON], problem: str
+) -> None:
+    forged = configmap(FORGED)
+    outcome = job_outcome(finished("Complete"), forged, "stack-uid", NOW, pods)
+    assert outcome is not None and outcome.state == "failed" and outcome.result is None
+    assert outcome.reason == "JobFailed" and problem in outcome.message
+    assert "without a result the controller can trust" in outcome.message
+    event = outcome.result_event
+    assert event is not None and (event.type, event.reason) == ("Warning", "ResultRejected")
+    assert "ConfigMap app-up-1" in event.message and problem in event.message
+    # What the ConfigMap says is never repeated.
+    assert "forged" not in event.message + outcome.message
+    folded = fold_run({}, [], RUN, "app-up-1", outcome, now=NOW, generation=2)
+    assert ("Warning", "ResultRejected") in [(e.type, e.reason) for e in folded.events]
+    assert folded.status["lastUpdate"]["state"] == "failed"
+    assert "outputs" not in folded.status and folded.status["lastUpdate"]["permalink"] == ""
 
 
 @pytest.mark.parametrize(
@@ -86,8 +165,9 @@ def test_genuine_result_is_accepted() -> None:
 def test_results_that_are_not_this_runs_are_rejected(cm: dict[str, Any], problem: str) -> None:
     found, message = read_result(cm, JOB, "stack-uid")
     assert found is None and problem in message
-    outcome = job_outcome(finished("Complete"), cm, "stack-uid", NOW)
+    outcome = job_outcome(finished("Complete"), cm, "stack-uid", NOW, vouching(cm))
     assert outcome is not None and outcome.state == "failed" and problem in outcome.message
+    assert outcome.result_event is not None and outcome.result_event.reason == "ResultRejected"
 
 
 def test_an_unowned_result_counts_only_if_written_after_the_job_was_created() -> None:
@@ -106,10 +186,47 @@ def test_an_unowned_result_counts_only_if_written_after_the_job_was_created() ->
 
 def test_failed_result_keeps_the_runners_reason() -> None:
     cm = configmap(result(state="failed", reason="UpdateConflict", message="locked"))
-    outcome = job_outcome(finished("Failed", reason="BackoffLimitExceeded"), cm, "stack-uid", NOW)
+    failed = finished("Failed", reason="BackoffLimitExceeded")
+    outcome = job_outcome(failed, cm, "stack-uid", NOW, vouching(cm))
     assert outcome is not None
     assert (outcome.reason, outcome.message) == ("UpdateConflict", "locked")
     assert metric_result(outcome) == "conflict"
+
+
+def test_a_success_counts_only_from_a_job_that_completed() -> None:
+    # Even vouched for by its pod: the runner exits non-zero after a failure, so a Job that
+    # failed did not succeed (here the Job controller's deadline came first).
+    cm = configmap(result())
+    failed = finished("Failed", reason="DeadlineExceeded")
+    outcome = job_outcome(failed, cm, "stack-uid", NOW, vouching(cm))
+    assert outcome is not None and outcome.state == "failed" and outcome.result is None
+    assert outcome.reason == "DeadlineExceeded"
+    assert "its result says the operation succeeded, but Job app-up-1 failed" in outcome.message
+    destroy = configmap(result(operation="destroy"))
+    crashed = finished("Failed", reason="BackoffLimitExceeded", message="exit code 3")
+    outcome = job_outcome(crashed, destroy, "stack-uid", NOW, vouching(destroy))
+    assert outcome is not None and not outcome.succeeded and outcome.reason == "JobFailed"
+
+
+def test_a_result_deleted_before_folding_is_reported_and_the_run_failed() -> None:
+    cm = configmap(result())
+    outcome = job_outcome(finished("Complete"), None, "stack-uid", NOW, vouching(cm))
+    assert outcome is not None and outcome.state == "failed"
+    assert "deleted before the controller folded it" in outcome.message
+    event = outcome.result_event
+    assert event is not None and (event.type, event.reason) == ("Warning", "ResultDeleted")
+    # A run that wrote nothing says so, without an Event.
+    silent = job_outcome(finished("Complete"), None, "stack-uid", NOW, [pod(None)])
+    assert silent is not None and silent.result_event is None
+    assert "completed without writing its result ConfigMap" in silent.message
+
+
+def test_the_digest_line_is_read_back_exactly() -> None:
+    line = result_digest_line('{"a": 1}')
+    assert digest_in_message(line) == result_digest('{"a": 1}')
+    assert result_digest('{"a": 1}').startswith("sha256:")
+    assert digest_in_message(f"log line\n{line}") == ""
+    assert digest_in_message("sha256:" + "0" * 64) == ""
 
 
 def test_deadline_and_disruption_are_told_apart() -> None:
@@ -200,11 +317,6 @@ def test_helpers() -> None:
     assert sanitize_output_key("my key:x") == "my_key_x"
     assert parse_time("2026-02-01T08:00:00Z") == NOW
     assert parse_time("garbage") is None
-
-
-def test_a_result_counts_before_the_job_is_marked_finished() -> None:
-    outcome = job_outcome(JOB, configmap(result()), "stack-uid", NOW)
-    assert outcome is not None and outcome.succeeded and outcome.finished_at == NOW
 
 
 def test_fold_run_records_a_drift_check_without_touching_last_update() -> None:

@@ -255,5 +255,6 @@ def test_pods_are_read_only_when_they_alone_can_tell() -> None:
     young["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert not pod_status_matters(young, NOW)
     assert not pod_status_matters(job(active=1, ready=1), NOW)
+    # A finished Job's pod vouches for its result (fold.trusted_result).
     complete = job(conditions=[{"type": "Complete", "status": "True"}])
-    assert not pod_status_matters(complete, NOW)
+    assert pod_status_matters(complete, NOW)

@@ -721,7 +721,10 @@ def test_no_secret_values_can_be_in_a_job() -> None:
     )
     assert snapshot(job).secret_env == ["PKOBATCH_GIT_TOKEN", "PKOBATCH_SECRET_0", "T"]
     for variable in container(job)["env"]:
-        assert "value" not in variable or variable["name"] == "PKOBATCH_GRACE_PERIOD_SECONDS"
+        assert "value" not in variable or variable["name"] in (
+            "PKOBATCH_GRACE_PERIOD_SECONDS",
+            "PKOBATCH_TERMINATION_MESSAGE_PATH",
+        )
     assert json.dumps(job).count("secretKeyRef") == 3
 
 
@@ -870,6 +873,28 @@ def test_the_runner_learns_its_job_uid_from_the_pod_label() -> None:
             "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         },
     }
+
+
+def test_the_runner_vouches_for_its_result_where_the_pod_reports_it_despite_templates() -> None:
+    moved = {"name": "pulumi", "terminationMessagePath": "/tmp/elsewhere"}
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "env": [{"name": "PKOBATCH_TERMINATION_MESSAGE_PATH", "value": "/tmp/x"}],
+                    "podTemplate": {"spec": {"containers": [moved]}},
+                }
+            },
+            "jobTemplate": {"spec": {"containers": [moved]}},
+        }
+    )
+    assert container(job)["terminationMessagePath"] == "/dev/termination-log"
+    assert env(job)["PKOBATCH_TERMINATION_MESSAGE_PATH"] == {
+        "name": "PKOBATCH_TERMINATION_MESSAGE_PATH",
+        "value": "/dev/termination-log",
+    }
+    names = [v["name"] for v in container(job)["env"]]
+    assert names.count("PKOBATCH_TERMINATION_MESSAGE_PATH") == 1
 
 
 def test_inputs_are_owned_by_their_job() -> None:

@@ -1,8 +1,10 @@
 """pkobatch.controller.plan: the reconcile decision, driven through whole Stack lifecycles.
 
-``World`` plays the part of the API server and the Job controller: it applies each plan
-(status, finalizer, created and deleted Jobs) and lets a test finish Jobs with or without
-a result. Everything is pure and in memory; time moves only when a test says so.
+``World`` plays the part of the API server, the Job controller and the kubelet: it applies
+each plan (status, finalizer, created and deleted Jobs) and lets a test finish Jobs with or
+without a result — the run's pod vouching for it in its termination message, as the runner
+has it do. It observes as the controller's observer does: the pods of the current run once
+it has finished. Everything is pure and in memory; time moves only when a test says so.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
+    RESULT_KEY,
 )
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
-from pkobatch.api.run import ProjectInfo, RunResult, StackRef
+from pkobatch.api.run import ProjectInfo, RunResult, StackRef, result_digest_line
 from pkobatch.config import Settings
 from pkobatch.controller.fold import POD_START_LIMIT
 from pkobatch.controller.jobs import Run, builtin_template
@@ -78,7 +81,10 @@ class World:
         self.slot_available = True
         self.namespace_terminating = False
         self.pod_creation_failures: dict[str, str] = {}
+        # Pods a test puts before the planner; the others are observed from ``pods``.
         self.run_pods: dict[str, list[dict[str, Any]]] = {}
+        # Job name -> the pods the Job controller and the kubelet left of it.
+        self.pods: dict[str, list[dict[str, Any]]] = {}
         self.counter = 0
 
     # -- observing and applying ------------------------------------------------------------
@@ -100,6 +106,15 @@ class World:
             copy.deepcopy(self.results),
         )
 
+    def observed_pods(self) -> dict[str, list[dict[str, Any]]]:
+        """As the observer reads them: the current run's pods, once its Job has finished."""
+        run_pods = copy.deepcopy(self.run_pods)
+        current = str((self.status.get("currentUpdate") or {}).get("name") or "")
+        job = self.jobs.get(current)
+        if job is not None and _conditions(job) and current not in run_pods:
+            run_pods[current] = copy.deepcopy(self.pods.get(current, []))
+        return run_pods
+
     def plan(self) -> Plan:
         stack, jobs, results = self.observed_objects()
         observed = Observed(
@@ -114,7 +129,7 @@ class World:
             namespace_terminating=self.namespace_terminating,
             slot_available=self.slot_available,
             pod_creation_failures=self.pod_creation_failures,
-            run_pods=self.run_pods,
+            run_pods=self.observed_pods(),
         )
         return plan(observed, self.settings, builtin_template())
 
@@ -187,7 +202,10 @@ class World:
         secret_outputs: list[str] | None = None,
         drifted: int | None = None,
         commit: str | None = None,
+        **fields: Any,
     ) -> str:
+        """The run ends: its result written and vouched for by its pod (``fields``: more
+        of the result's), its Job finished."""
         name = name or self.current_job()
         job = self.jobs[name]
         run = Run.from_job(job)
@@ -209,6 +227,7 @@ class World:
             secret_outputs=secret_outputs or [],
             drifted_resources=drifted,
             project_info=ProjectInfo(name="app", runtime="python"),
+            **fields,
         )
         # As the runner writes it, with the creation time the API server adds.
         configmap = result_config_map(
@@ -220,6 +239,8 @@ class World:
         )
         configmap["metadata"]["creationTimestamp"] = rfc3339(self.now)
         self.results[name] = configmap
+        vouched = result_digest_line(configmap["data"][RESULT_KEY])
+        self.pods[name] = [run_pod(job, vouched, 0 if state == "succeeded" else 1)]
         kind = "Complete" if state == "succeeded" else "Failed"
         job["status"]["conditions"] = [
             {"type": kind, "status": "True", "lastTransitionTime": rfc3339(self.now)}
@@ -230,6 +251,7 @@ class World:
         self, name: str | None = None, reason: str = "BackoffLimitExceeded", message: str = ""
     ) -> str:
         name = name or self.current_job()
+        self.pods.setdefault(name, [run_pod(self.jobs[name], None, 1)])
         self.jobs[name]["status"]["conditions"] = [
             {
                 "type": "Failed",
@@ -240,6 +262,23 @@ class World:
             }
         ]
         return name
+
+
+def run_pod(job: dict[str, Any], message: str | None, exit_code: int) -> dict[str, Any]:
+    """The pod of ``job`` once its run container ended with ``message`` (None: none)."""
+    name = job["metadata"]["name"]
+    terminated: dict[str, Any] = {"exitCode": exit_code}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "metadata": {
+            "name": f"{name}-pod",
+            "ownerReferences": [
+                {"kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
+            ],
+        },
+        "status": {"containerStatuses": [{"name": "pulumi", "state": {"terminated": terminated}}]},
+    }
 
 
 def _conditions(job: dict[str, Any]) -> list[Any]:
@@ -799,6 +838,12 @@ def test_finished_job_whose_fold_was_lost_is_folded_not_rerun() -> None:
     name = world.current_job()
     world.finish(outputs={"k": "v"})
     world.stack["status"] = {}  # lost: currentUpdate and everything else
+    # Its pod, which vouches for its result, is read for the current run only: it becomes
+    # the current run again, and is folded by the next reconcile.
+    result = world.step()
+    assert result.create_job is None and result.finished == []
+    assert world.status["currentUpdate"]["name"] == name
+    assert result.requeue_after == 1
     result = world.step()
     assert result.create_job is None
     assert world.status["lastUpdate"]["name"] == name
@@ -1061,6 +1106,74 @@ def test_destroy_on_finalize_destroys_then_releases() -> None:
     result = world.step()
     assert result.finalizer == "remove"
     assert [e.reason for e in result.events] == ["StackCreated", "StackDestroyed"]
+
+
+def forge(world: World, name: str, **fields: Any) -> None:
+    """Someone else writes a succeeded result for run ``name`` (no owner reference)."""
+    forged = RunResult(
+        operation="destroy",
+        state="succeeded",
+        reason="Succeeded",
+        stack=StackRef(name="app", namespace="team", uid="stack-uid"),
+        job_name=name,
+        permalink="https://forged.example/",
+        **fields,
+    )
+    world.results[name] = {
+        "metadata": {"name": name, "creationTimestamp": rfc3339(world.now + timedelta(hours=1))},
+        "data": {RESULT_KEY: forged.to_json()},
+    }
+
+
+def test_a_destroy_on_deletion_releases_the_stack_only_on_a_success_its_run_vouches_for() -> None:
+    world = deployed_world({**GIT_SPEC, "destroyOnFinalize": True})
+    delete(world)
+    world.step()
+    name = world.current_job()
+    # While the destroy runs, a forged success changes nothing.
+    forge(world, name)
+    result = world.step()
+    assert result.finalizer is None and result.finished == []
+    assert world.status["currentUpdate"]["name"] == name
+    # The real destroy fails; the forgery is still what the ConfigMap holds when it is folded.
+    world.finish(state="failed", reason="ProgramError", message="cannot delete bucket")
+    forge(world, name)
+    result = world.step()
+    assert result.finalizer is None
+    assert world.status["lastUpdate"]["state"] == "failed"
+    assert "is not the result the pod of run" in world.status["lastUpdate"]["message"]
+    assert [e.reason for e in result.events] == ["ResultRejected", "StackUpdateFailure"]
+    assert world.stack["metadata"]["finalizers"] == [FINALIZER]
+
+
+def test_a_destroy_whose_job_failed_keeps_the_finalizer_even_with_a_vouched_success() -> None:
+    world = deployed_world({**GIT_SPEC, "destroyOnFinalize": True})
+    delete(world)
+    world.step()
+    name = world.finish()  # its result says succeeded, and its pod vouches for it ...
+    world.fail_job(name, reason="DeadlineExceeded")  # ... but the Job failed
+    result = world.step()
+    assert result.finalizer is None
+    assert world.status["lastUpdate"]["state"] == "failed"
+    assert "StackDestroyed" not in [e.reason for e in result.events]
+
+
+def test_a_destroy_whose_pod_is_gone_is_a_failure_and_retried() -> None:
+    world = deployed_world(
+        {**GIT_SPEC, "destroyOnFinalize": True}, settings=Settings(retry={"base": "1s"})
+    )
+    delete(world)
+    world.step()
+    name = world.finish()
+    world.pods.pop(name)  # nothing is left to vouch for its result: never trusted
+    result = world.step()
+    assert result.finalizer is None and world.status["lastUpdate"]["state"] == "failed"
+    assert "is gone" in world.status["lastUpdate"]["message"]
+    # Never wedged: the retry destroys, and only then is the Stack released.
+    world.advance(result.requeue_after or 1)
+    assert world.step().create_job is not None
+    world.finish()
+    assert world.step().finalizer == "remove"
 
 
 def test_failed_destroy_keeps_the_finalizer_and_stalls_with_a_way_out() -> None:
@@ -1329,20 +1442,20 @@ def test_no_drift_sets_drifted_false() -> None:
     assert world.status["lastDriftCheck"]["scheduledTime"] == "2026-01-01T12:30:00Z"
 
 
-def test_a_result_is_folded_before_the_job_controller_marks_the_job_finished() -> None:
+def test_a_result_is_folded_only_once_the_job_controller_marks_the_job_finished() -> None:
     world = World()
     world.step()
     name = world.finish(outputs={"k": "v"})
     world.jobs[name]["status"].pop("conditions")  # the Job controller lags behind
     result = world.step()
-    assert world.status["lastUpdate"]["name"] == name
-    assert world.condition("Ready")["status"] == "True"
-    assert "currentUpdate" not in world.status
-    assert len(result.finished) == 1
-    # Not adopted again, and no new run while its pod has not stopped.
+    assert result.finished == [] and world.status["currentUpdate"]["name"] == name
+    assert world.condition("Reconciling")["reason"] == "StackProcessing"
+    assert "outputs" not in world.status
+    # Nothing new starts meanwhile either.
     world.edit_spec(config={"x": "1"})
-    result = world.step()
-    assert result.create_job is None and result.finished == []
-    assert "waiting for run" in world.condition("Reconciling")["message"]
+    assert world.step().create_job is None
     world.jobs[name]["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
-    assert world.step().create_job is not None
+    result = world.step()
+    assert world.status["lastUpdate"]["name"] == name
+    assert world.status["outputs"] == {"k": "v"}
+    assert len(result.finished) == 1 and result.create_job is not None
