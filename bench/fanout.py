@@ -9,13 +9,16 @@ On a local control plane (real etcd, kube-apiserver, kube-controller-manager; sc
 Modes:
 
 - ``controller`` (default): kube-controller-manager runs without its job-controller, so Jobs
-  are created and no pod ever is. This script plays the runner: for every Job the controller
-  creates it writes the Job's result ConfigMap and marks the Job complete (two requests, not
-  counted as the controller's). The controller's whole path runs — Job, result, fold,
-  status — and nothing else competes for the two CPUs.
+  are created and no pod ever runs. This script plays the runner, the Job controller and the
+  kubelet: for every Job the controller creates it writes the Job's result ConfigMap, a pod
+  of the Job (bound to a node nothing runs) whose status vouches for the result as a
+  kubelet reports the runner's termination message, and marks the Job complete (four
+  requests, not counted as the controller's). The controller's whole path runs — Job,
+  result, pod, fold, status — and nothing else competes for the two CPUs.
 - ``whole``: the Job controller creates pods, the node agent runs them (``--pods`` at once),
-  each runs ``write-result`` (this file), a short program writing a valid result: the whole
-  path, pods included.
+  each runs ``write-result`` (this file): a short program writing a valid result with the
+  runner's own writer (which vouches for it in the termination message): the whole path,
+  pods included.
 
 Phases:
 
@@ -53,14 +56,12 @@ controller's requests waited for its rate limit, and the load of the machine.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import functools
 import json
 import os
 import queue
 import signal
-import ssl
 import statistics
 import subprocess
 import sys
@@ -90,67 +91,38 @@ JSON = dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------
-# The Jobs' program: write a valid result and exit (stdlib + PyYAML only: it runs N times)
+# The Jobs' program: write a valid result with the runner's own writer, and exit
 # ---------------------------------------------------------------------------------------
 
 
 def write_result(snapshot_text: str) -> None:
-    snapshot = json.loads(snapshot_text)
-    with open(os.environ["KUBECONFIG"]) as handle:
-        config = yaml.safe_load(handle)
-    cluster = config["clusters"][0]["cluster"]
-    token = config["users"][0]["user"]["token"]
-    context = ssl.create_default_context(
-        cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
-    )
-    namespace, name = snapshot["stack"]["namespace"], snapshot["jobName"]
+    from pkobatch.api.run import JOB_UID_ENV, RunResult, RunSnapshot
+    from pkobatch.kube.client import Kube
+    from pkobatch.runner.report import ResultWriter, termination_log_path
 
-    def call(method: str, path: str, body: JSON | None = None) -> JSON:
-        request = urllib.request.Request(
-            cluster["server"] + path,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    snapshot = RunSnapshot.model_validate_json(snapshot_text)
+    writer = ResultWriter(
+        Kube.connect,
+        snapshot.stack.namespace,
+        snapshot.result_config_map,
+        termination_log=termination_log_path(os.environ),
+        job_uid=os.environ.get(JOB_UID_ENV, ""),
+    )
+    writer.load_job()  # as the runner does: the result copies the Job's labels
+    writer.write(
+        RunResult(
+            operation=snapshot.operation,
+            state="succeeded",
+            reason="Succeeded",
+            stack=snapshot.stack,
+            job_name=snapshot.job_name,
+            generation=snapshot.generation,
+            reconcile_request=snapshot.reconcile_request,
+            commit=snapshot.commit,
+            outputs={"stack": snapshot.stack.name},
         )
-        with urllib.request.urlopen(request, context=context, timeout=30) as reply:
-            return dict(json.loads(reply.read()))
-
-    job = call("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
-    result = {
-        "schemaVersion": "pkobatch.io/run-result/v1",
-        "operation": snapshot["operation"],
-        "state": "succeeded",
-        "reason": "Succeeded",
-        "message": "",
-        "stack": snapshot["stack"],
-        "jobName": name,
-        "generation": snapshot["generation"],
-        "reconcileRequest": snapshot["reconcileRequest"],
-        "commit": snapshot["commit"],
-        "outputs": {"stack": snapshot["stack"]["name"]},
-    }
-    call(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "labels": job["metadata"]["labels"],
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": name,
-                        "uid": job["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "data": {"result.json": json.dumps(result)},
-        },
     )
+    writer.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,25 +292,16 @@ def result_of(job: JSON, **fields: Any) -> JSON:
 
 
 def result_configmap(job: JSON, result: JSON) -> JSON:
+    from pkobatch.controller.jobs import owned_by_job
+
     meta = job["metadata"]
-    return {
+    configmap = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": meta["name"],
-            "labels": meta["labels"],
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                }
-            ],
-        },
+        "metadata": {"name": meta["name"], "labels": meta["labels"]},
         "data": {"result.json": json.dumps(result)},
     }
+    return owned_by_job(configmap, meta["name"], meta["uid"])
 
 
 def running_status(at: str) -> JSON:
@@ -386,13 +349,75 @@ def start_run(kube: Any, job: JSON) -> str:
     return started
 
 
+def run_pod(job: JSON) -> JSON:
+    """The pod the Job controller would create for ``job``: owned by it, labelled as its
+    pods are, bound to a node no agent runs (so nothing runs it)."""
+    from pkobatch.api.run import JOB_UID_LABEL
+    from pkobatch.controller.jobs import owned_by_job
+
+    meta = job["metadata"]
+    labels = {JOB_UID_LABEL: meta["uid"], "batch.kubernetes.io/job-name": meta["name"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{meta['name']}-run", "labels": labels},
+        "spec": {
+            "nodeName": "bench-no-node",
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "pulumi", "image": "bench"}],
+        },
+    }
+    return owned_by_job(pod, meta["name"], meta["uid"])
+
+
+def vouched_status(result_text: str, at: str) -> JSON:
+    """The pod's status once its runner vouched for ``result_text`` and exited (as the
+    kubelet reports the termination message)."""
+    from pkobatch.api.run import result_digest_line
+
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "message": result_digest_line(result_text),
+        "startedAt": at,
+        "finishedAt": at,
+    }
+    return {
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": "pulumi",
+                    "image": "bench",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+    }
+
+
 def finish_run(kube: Any, job: JSON, started: str) -> None:
-    """What a successful run leaves: its result, then its Job complete."""
-    from pkobatch.kube.client import CONFIGMAPS, JOBS, AlreadyExists
+    """What a successful run leaves: its result, its pod vouching for it, its Job complete."""
+    from pkobatch.kube.client import CONFIGMAPS, JOBS, PODS, AlreadyExists
 
     namespace = job["metadata"]["namespace"]
+    result = result_configmap(job, result_of(job))
     with contextlib.suppress(AlreadyExists):
-        kube.create(CONFIGMAPS, result_configmap(job, result_of(job)), namespace)
+        kube.create(CONFIGMAPS, result, namespace)
+    pod = run_pod(job)
+    with contextlib.suppress(AlreadyExists):
+        kube.create(PODS, pod, namespace)
+    kube.merge_patch(
+        PODS,
+        pod["metadata"]["name"],
+        vouched_status(result["data"]["result.json"], now_rfc3339()),
+        namespace,
+        subresource="status",
+    )
     kube.merge_patch(
         JOBS,
         job["metadata"]["name"],
