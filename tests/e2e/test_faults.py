@@ -152,7 +152,16 @@ def test_result_configmap_deleted_before_folding_is_a_failed_run_then_a_retry(
 
     stack = wait_stack(kube, namespace, "app", lambda s: last_update(s).get("name") == first)
     assert last_update(stack)["state"] == "failed"
-    assert "without writing its result ConfigMap" in last_update(stack)["message"]
+    # The run's pod vouched for a result that is gone: reported, and the run counts as failed.
+    assert "deleted before the controller folded it" in last_update(stack)["message"]
+    wait_until(
+        lambda: any(
+            e["reason"] == "ResultDeleted" and first in e["message"]
+            for e in kube.list_objects(CORE_EVENTS, namespace)[0]
+        ),
+        timeout=60,
+        what="the ResultDeleted Event",
+    )
     stack = wait_settled(kube, namespace, ["app"])["app"]
     assert ready(stack), last_update(stack)
     assert last_update(stack)["name"] != first

@@ -31,7 +31,13 @@ from pkobatch.api.constants import (
     RESULT_LABEL,
     STACK_LABEL,
 )
-from pkobatch.api.run import RunResult, RunSnapshot
+from pkobatch.api.run import (
+    TERMINATION_MESSAGE_PATH,
+    TERMINATION_MESSAGE_PATH_ENV,
+    RunResult,
+    RunSnapshot,
+    result_digest_line,
+)
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CLUSTERROLES,
@@ -114,6 +120,8 @@ class Runner:
             {"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "true"},
             {"name": "PKOBATCH_CACHE_DIR", "value": str(self.tmp_path / "runner-cache")},
             {"name": "PKOBATCH_GRACE_PERIOD_SECONDS", "value": str(grace)},
+            # As the Job builder sets it: where the runner vouches for its result.
+            {"name": TERMINATION_MESSAGE_PATH_ENV, "value": TERMINATION_MESSAGE_PATH},
             secret_env("PULUMI_CONFIG_PASSPHRASE", "pulumi", "passphrase"),
             secret_env("GIT_USERNAME", "git", "username"),
             secret_env("GIT_PASSWORD", "git", "password"),
@@ -258,6 +266,13 @@ def test_lifecycle_as_a_job_under_the_runner_role(
         RESULT_LABEL: "succeeded",
     }
     assert runner.job_finished(name) == "Complete"
+    # Immutable, and vouched for by the pod: its termination message is the digest of exactly
+    # what the ConfigMap holds.
+    assert config_map["immutable"] is True
+    pod = runner.pod(name)
+    assert pod is not None
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["message"] == result_digest_line(config_map["data"][RESULT_KEY])
 
     again, _ = runner.run(runner.snapshot("up", repo))
     assert (again.state, again.changes) == ("succeeded", {"same": 3})

@@ -50,6 +50,10 @@ Deployment controller runs here), both labelled ``app.kubernetes.io/name: <app>`
 ``pkobatch.io/test-program: <program>``. Outputs ``configMap``, ``deployment``, ``message``.
 
 ``nodejs``: a Node.js program (``runtime: nodejs``), for machines without its language host.
+
+``forge-result``: a Python program that, with its run's ServiceAccount, writes a forged
+succeeded result for another Stack's run. Config ``victimJob``, ``victimStack``,
+``victimUid``, ``namespace``; output ``forged`` (the ConfigMap's name).
 """
 
 from __future__ import annotations
