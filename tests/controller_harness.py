@@ -4,6 +4,8 @@ ServiceAccount with exactly the RBAC of ``deploy/kustomize/base`` (a real token)
 Used by tests/integration/test_controller_*.py and tests/e2e/test_controller_*.py (the
 ``tests`` directory is on ``sys.path`` through the root conftest).
 
+``grant_role(kube, namespace, name, rules, service_account)``: a Role bound to a ServiceAccount.
+
 ``controller_rbac(cluster)`` (session): installs the controller and runner ClusterRoles and
 the admission policy on the controller's Secrets from the kustomize base, a
 ``pkobatch-system/pkobatch-controller`` ServiceAccount bound to the controller role, and
@@ -19,7 +21,8 @@ change made so far (to check that a change led to nothing). ``metric(port, ...)`
 
 Stacks: ``apply_stack``, ``stack_spec(repo, pulumi_env)`` (the test program from ``repo`` over
 authenticated HTTP, on the test's file:// backend, credentials and passphrase from the
-Secrets of the e2e ``secrets`` fixture), ``wait_stack(..., predicate)``, ``ready``,
+Secrets of the e2e ``secrets`` fixture), ``set_passphrase`` (a wrong one fails the next
+operation), ``request_reconcile``, ``wait_stack(..., predicate)``, ``ready``,
 ``settled`` (Ready, or a failed last run that says why, and not reconciling any more),
 ``condition``, ``last_update``, ``stack_jobs``.
 """
@@ -40,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from pkobatch.api.constants import FIELD_MANAGER_CLI, STACK_LABEL
+from pkobatch.api.constants import FIELD_MANAGER_CLI, RECONCILE_REQUEST_ANNOTATION, STACK_LABEL
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (
@@ -50,6 +53,7 @@ from pkobatch.kube.client import (
     JOBS,
     NAMESPACES,
     ROLEBINDINGS,
+    ROLES,
     SECRETS,
     SERVICEACCOUNTS,
     STACKS,
@@ -111,6 +115,27 @@ def install_controller_rbac(kube: Kube) -> None:
         {"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": CONTROLLER_NAMESPACE}
     ]
     _apply(kube, CLUSTERROLEBINDINGS, binding)
+
+
+def grant_role(
+    kube: Kube, namespace: str, name: str, rules: list[JSON], service_account: str
+) -> None:
+    """A Role ``name`` with ``rules``, bound to ``service_account`` of ``namespace``."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
+    _apply(kube, ROLES, role, namespace)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }
+    _apply(kube, ROLEBINDINGS, binding, namespace)
 
 
 def bind_runner(kube: Kube, namespace: str) -> None:
@@ -391,6 +416,23 @@ def create_secret(kube: Kube, namespace: str, name: str, data: Mapping[str, str]
             "metadata": {"name": name},
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         },
+        namespace,
+    )
+
+
+def set_passphrase(kube: Kube, namespace: str, passphrase: str) -> None:
+    """The backend passphrase ``stack_spec``'s Stacks read (Secret ``pulumi``): a wrong one
+    fails their next Pulumi operation."""
+    encoded = base64.b64encode(passphrase.encode()).decode()
+    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": encoded}}, namespace)
+
+
+def request_reconcile(kube: Kube, namespace: str, name: str, request: str) -> None:
+    """Set the Stack's reconcile-request annotation: a new run, or a failed one again."""
+    kube.merge_patch(
+        STACKS,
+        name,
+        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: request}}},
         namespace,
     )
 

@@ -30,6 +30,8 @@ from controller_harness import (
     last_update,
     literal,
     ready,
+    request_reconcile,
+    set_passphrase,
     stack_jobs,
     stack_spec,
     wait_events,
@@ -40,7 +42,6 @@ from sentinels import plant
 from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
-    RECONCILE_REQUEST_ANNOTATION,
 )
 from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
@@ -124,12 +125,7 @@ def test_stack_from_git_runs_on_each_trigger(
 
     # The reconcile-request annotation runs again, and is acknowledged.
     runs_before = len(stack_jobs(kube, namespace, "app"))
-    kube.merge_patch(
-        STACKS,
-        "app",
-        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "now"}}},
-        namespace,
-    )
+    request_reconcile(kube, namespace, "app", "now")
     stack = wait_stack(
         kube, namespace, "app", lambda s: ready(s) and last_update(s)["reconcileRequest"] == "now"
     )
@@ -211,8 +207,7 @@ def test_destroy_on_finalize(
     assert len(list(pulumi_env.files_dir.iterdir())) == 2
 
     # A destroy that fails (the backend passphrase is wrong) keeps the finalizer.
-    wrong = base64.b64encode(b"not-the-passphrase").decode()
-    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": wrong}}, namespace)
+    set_passphrase(kube, namespace, "not-the-passphrase")
     kube.delete(STACKS, "app", namespace)
     stack = wait_stack(
         kube,
@@ -228,14 +223,8 @@ def test_destroy_on_finalize(
     assert len(list(pulumi_env.files_dir.iterdir())) == 2
 
     # Fixed: the next retry destroys, and only then the Stack goes away.
-    right = base64.b64encode(secrets["pulumi"]["passphrase"].encode()).decode()
-    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": right}}, namespace)
-    kube.merge_patch(
-        STACKS,
-        "app",
-        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "retry"}}},
-        namespace,
-    )
+    set_passphrase(kube, namespace, secrets["pulumi"]["passphrase"])
+    request_reconcile(kube, namespace, "app", "retry")
     wait_until(
         lambda: kube.get_or_none(STACKS, "app", namespace) is None,
         timeout=300,

@@ -27,6 +27,7 @@ from controller_harness import (
     settled,
     stack_jobs,
     stack_spec,
+    wait_events,
     wait_stack,
 )
 
@@ -154,14 +155,7 @@ def test_result_configmap_deleted_before_folding_is_a_failed_run_then_a_retry(
     assert last_update(stack)["state"] == "failed"
     # The run's pod vouched for a result that is gone: reported, and the run counts as failed.
     assert "deleted before the controller folded it" in last_update(stack)["message"]
-    wait_until(
-        lambda: any(
-            e["reason"] == "ResultDeleted" and first in e["message"]
-            for e in kube.list_objects(CORE_EVENTS, namespace)[0]
-        ),
-        timeout=60,
-        what="the ResultDeleted Event",
-    )
+    wait_events(kube, namespace, lambda e: e["reason"] == "ResultDeleted" and first in e["note"])
     stack = wait_settled(kube, namespace, ["app"])["app"]
     assert ready(stack), last_update(stack)
     assert last_update(stack)["name"] != first

@@ -24,20 +24,19 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
+    grant_role,
     last_update,
     ready,
+    request_reconcile,
     stack_jobs,
     stack_spec,
     wait_stack,
 )
 
-from pkobatch.api.constants import RECONCILE_REQUEST_ANNOTATION
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
     DEPLOYMENTS,
-    ROLEBINDINGS,
-    ROLES,
     STACKS,
     Kube,
     NotFound,
@@ -63,25 +62,7 @@ PROGRAM_RULES: list[JSON] = [
 
 def grant_program_rules(kube: Kube, namespace: str, rules: list[JSON]) -> None:
     """A Role with ``rules`` bound to the runner ServiceAccount of ``namespace``."""
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "program-objects"},
-        "rules": rules,
-    }
-    kube.apply(ROLES, role, field_manager="pkobatch-tests", namespace=namespace)
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "program-objects"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": "program-objects",
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": "pkobatch-runner", "namespace": namespace}],
-    }
-    kube.apply(ROLEBINDINGS, binding, field_manager="pkobatch-tests", namespace=namespace)
+    grant_role(kube, namespace, "program-objects", rules, "pkobatch-runner")
 
 
 def kubernetes_spec(repo: Any, pulumi_env: Any, namespace: str, **extra: Any) -> JSON:
@@ -276,12 +257,7 @@ def test_a_nodejs_program_without_its_language_host_fails_once_and_other_stacks_
     assert last_update(node)["reason"] == "InvalidSpec"
     assert len(stack_jobs(kube, namespace, "node")) == 1
     # ... and is not wedged: a user's reconcile request runs it again.
-    kube.merge_patch(
-        STACKS,
-        "node",
-        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "retry"}}},
-        namespace,
-    )
+    request_reconcile(kube, namespace, "node", "retry")
     node = wait_stack(
         kube,
         namespace,

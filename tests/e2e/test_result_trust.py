@@ -14,7 +14,7 @@ ServiceAccount.
 
 from __future__ import annotations
 
-import base64
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,24 +25,25 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
+    grant_role,
     last_update,
     ready,
+    request_reconcile,
+    set_passphrase,
     stack_spec,
+    wait_events,
     wait_stack,
 )
 
-from pkobatch.api.constants import FINALIZER, RECONCILE_REQUEST_ANNOTATION
+from pkobatch.api.constants import FINALIZER
 from pkobatch.api.objects import job_finished
 from pkobatch.api.run import RunResult, StackRef
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
-    CORE_EVENTS,
+    EVENTS,
     JOBS,
     PODS,
-    ROLEBINDINGS,
-    ROLES,
-    SECRETS,
     SERVICEACCOUNTS,
     STACKS,
     AlreadyExists,
@@ -61,7 +62,6 @@ FORGED_PERMALINK = "https://forged.example/run"
 
 def namespace_user(cluster: Any, namespace: str) -> Kube:
     """A client holding exactly the rights of the issue's namespace user."""
-    kube: Kube = cluster.kube
     rules = [
         {"apiGroups": ["pulumi.com"], "resources": ["stacks", "programs"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["*"]},
@@ -69,57 +69,27 @@ def namespace_user(cluster: Any, namespace: str) -> Kube:
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": READ},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": READ},
     ]
-    meta = {"name": NAMESPACE_USER}
-    kube.create(
-        SERVICEACCOUNTS, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, namespace
-    )
-    kube.create(
-        ROLES,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": rules,
-        },
-        namespace,
-    )
-    kube.create(
-        ROLEBINDINGS,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": NAMESPACE_USER,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": NAMESPACE_USER, "namespace": namespace}
-            ],
-        },
-        namespace,
-    )
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAMESPACE_USER}}
+    cluster.kube.create(SERVICEACCOUNTS, account, namespace)
+    grant_role(cluster.kube, namespace, NAMESPACE_USER, rules, NAMESPACE_USER)
     client: Kube = cluster.service_account_kube(namespace, NAMESPACE_USER)
     return client
 
 
-def forge(client: Kube, stack: JSON, job: str, operation: str) -> None:
+def forged_result(stack: JSON, job: str, operation: str) -> JSON:
     """A ConfigMap named after run ``job`` of ``stack``, with the result labels and a
-    succeeded ``result.json`` naming the Job and the Stack's UID (no owner reference) — in
-    place of whatever ConfigMap of that name is there."""
+    succeeded ``result.json`` naming the Job and the Stack's UID (no owner reference)."""
     meta = stack["metadata"]
-    namespace = meta["namespace"]
     result = RunResult(
         operation=operation,
         state="succeeded",
         reason="Succeeded",
-        stack=StackRef(name=meta["name"], namespace=namespace, uid=meta["uid"]),
+        stack=StackRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
         job_name=job,
         outputs={FORGED_OUTPUT: "yes"},
         permalink=FORGED_PERMALINK,
     )
-    body = {
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -133,6 +103,12 @@ def forge(client: Kube, stack: JSON, job: str, operation: str) -> None:
         },
         "data": {"result.json": result.to_json()},
     }
+
+
+def forge(client: Kube, stack: JSON, job: str, operation: str) -> None:
+    """``forged_result``, in place of whatever ConfigMap of that name is there."""
+    namespace = stack["metadata"]["namespace"]
+    body = forged_result(stack, job, operation)
     try:
         client.create(CONFIGMAPS, body, namespace)
     except AlreadyExists:
@@ -160,10 +136,6 @@ def assert_not_folded(kube: Kube, namespace: str, name: str, run: str) -> JSON:
     assert FORGED_OUTPUT not in (status.get("outputs") or {}), status
     assert last_update(stack).get("permalink") != FORGED_PERMALINK, status
     return stack
-
-
-def events(kube: Kube, namespace: str, reason: str) -> list[JSON]:
-    return [e for e in kube.list_objects(CORE_EVENTS, namespace)[0] if e.get("reason") == reason]
 
 
 def test_a_success_forged_while_the_run_is_in_progress_is_never_folded(
@@ -231,8 +203,7 @@ def test_a_destroy_success_forged_during_a_failing_destroy_keeps_the_finalizer(
     assert len(list(pulumi_env.files_dir.iterdir())) == 2
 
     # The real destroy will fail: the backend's passphrase is wrong.
-    wrong = base64.b64encode(b"not-the-passphrase").decode()
-    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": wrong}}, namespace)
+    set_passphrase(kube, namespace, "not-the-passphrase")
     user.delete(STACKS, "app", namespace)
     stack = wait_stack(kube, namespace, "app", lambda s: "-destroy-" in current_run(s), timeout=120)
     run = current_run(stack)
@@ -256,22 +227,14 @@ def test_a_destroy_success_forged_during_a_failing_destroy_keeps_the_finalizer(
     assert "is not the result the pod of run" in update["message"]
     assert FINALIZER in stack["metadata"]["finalizers"]
     assert len(list(pulumi_env.files_dir.iterdir())) == 2
-    wait_until(
-        lambda: any(run in e.get("message", "") for e in events(kube, namespace, "ResultRejected")),
-        timeout=60,
-        what="the ResultRejected Event",
-    )
-    assert events(kube, namespace, "StackDestroyed") == []
+    wait_events(kube, namespace, lambda e: e["reason"] == "ResultRejected" and run in e["note"])
+    assert not [
+        e for e in kube.list_objects(EVENTS, namespace)[0] if e["reason"] == "StackDestroyed"
+    ]
 
     # A real destroy still releases the Stack.
-    right = base64.b64encode(secrets["pulumi"]["passphrase"].encode()).decode()
-    kube.merge_patch(SECRETS, "pulumi", {"data": {"passphrase": right}}, namespace)
-    user.merge_patch(
-        STACKS,
-        "app",
-        {"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: "retry"}}},
-        namespace,
-    )
+    set_passphrase(kube, namespace, secrets["pulumi"]["passphrase"])
+    request_reconcile(user, namespace, "app", "retry")
     wait_until(
         lambda: kube.get_or_none(STACKS, "app", namespace) is None,
         timeout=600,
@@ -295,12 +258,8 @@ def test_a_second_stacks_program_cannot_forge_the_first_stacks_result(
     run = current_run(victim)
 
     forger = stack_spec(git_repo("forge-result"), pulumi_env)
-    forger["config"].update(
-        victimJob=run,
-        victimStack="victim",
-        victimUid=victim["metadata"]["uid"],
-        namespace=namespace,
-    )
+    forged_configmap = json.dumps(forged_result(victim, run, "up"))
+    forger["config"].update(configMap=forged_configmap, namespace=namespace)
     apply_stack(kube, namespace, "forger", forger)
     forged = wait_stack(kube, namespace, "forger", ready, timeout=600)
     assert forged["status"]["outputs"]["forged"] == run
@@ -313,4 +272,4 @@ def test_a_second_stacks_program_cannot_forge_the_first_stacks_result(
     victim = wait_stack(kube, namespace, "victim", ready, timeout=600)
     assert last_update(victim)["name"] == run
     assert FORGED_OUTPUT not in victim["status"]["outputs"]
-    assert last_update(victim)["permalink"] != "https://forged.example/by-a-program"
+    assert last_update(victim)["permalink"] != FORGED_PERMALINK

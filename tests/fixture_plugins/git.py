@@ -52,8 +52,8 @@ Deployment controller runs here), both labelled ``app.kubernetes.io/name: <app>`
 ``nodejs``: a Node.js program (``runtime: nodejs``), for machines without its language host.
 
 ``forge-result``: a Python program that, with its run's ServiceAccount, writes a forged
-succeeded result for another Stack's run. Config ``victimJob``, ``victimStack``,
-``victimUid``, ``namespace``; output ``forged`` (the ConfigMap's name).
+result for another Stack's run: config ``configMap`` (the ConfigMap's JSON) and
+``namespace``; output ``forged`` (the ConfigMap's name).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from controller_harness import grant_role
 from dev_env import alive
 
 from pkobatch.dev.memory_limit import MemoryCgroup
@@ -25,8 +26,6 @@ from pkobatch.kube.client import (
     NAMESPACES,
     NODES,
     PODS,
-    ROLEBINDINGS,
-    ROLES,
     SECRETS,
     Kube,
 )
@@ -636,33 +635,7 @@ def test_service_account_token_is_subject_to_rbac(
     assert terminated["exitCode"] == 7
     assert "system:serviceaccount:" + namespace + ":pkobatch-runner" in terminated["message"]
 
-    kube.create(
-        ROLES,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "read-secrets"},
-            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
-        },
-        namespace,
-    )
-    kube.create(
-        ROLEBINDINGS,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "runner-reads-secrets"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "read-secrets",
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "pkobatch-runner", "namespace": namespace}
-            ],
-        },
-        namespace,
-    )
+    grant(kube, namespace, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
 
     kind, pod = probe("allowed")
     assert kind == "Complete"
@@ -755,29 +728,7 @@ WRITES_ON_SIGTERM = textwrap.dedent(
 
 def grant(kube: Kube, namespace: str, rules: list[JSON]) -> None:
     """Grant ServiceAccount pkobatch-runner ``rules`` in ``namespace``."""
-    kube.create(
-        ROLES,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "runner"},
-            "rules": rules,
-        },
-        namespace,
-    )
-    kube.create(
-        ROLEBINDINGS,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "runner"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "runner"},
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "pkobatch-runner", "namespace": namespace}
-            ],
-        },
-        namespace,
-    )
+    grant_role(kube, namespace, "runner", rules, "pkobatch-runner")
 
 
 @pytest.mark.parametrize("ending", ["job deleted", "deadline passed"])
