@@ -11,8 +11,10 @@ Two annotation protocols, both answered in the Stack's status:
   ``status.lastUpdate.reconcileRequest`` that the run for it finished.
 
 Tokens are RFC 3339 timestamps with nanoseconds in UTC, as Flux writes them: unique per
-request and telling when it was made. The functions that read a Stack are pure so the
-waiting loop in ``follow.py`` stays a thin poller.
+request and telling when it was made. The functions that read a Stack, and those that build
+what a request writes (``annotation_patch``, ``suspend_patch``, ``resume_patch``), are pure:
+the waiting loop in ``follow.py`` stays a thin poller, and the Argo CD resource actions
+(deploy/argocd) are tested against exactly these patches.
 """
 
 from __future__ import annotations
@@ -54,23 +56,53 @@ def stack_annotations(stack: Mapping[str, Any]) -> dict[str, str]:
     return dict((stack.get("metadata") or {}).get("annotations") or {})
 
 
+def annotation_patch(key: str, value: str) -> JSON:
+    """The merge patch of a request made by an annotation (operation, reconcile, approve,
+    reject)."""
+    return {"metadata": {"annotations": {key: value}}}
+
+
+def suspend_patch(suspend: bool) -> JSON:
+    """The merge patch of ``pkobatch suspend`` (True) and of leaving suspension."""
+    return {"spec": {"suspend": suspend}}
+
+
+def resume_patch(token: str) -> JSON:
+    """The merge patch of ``pkobatch resume``: as ``flux resume``, leave suspension and ask
+    for a run of the normal operation at once (PKO's reconcile request)."""
+    return {**annotation_patch(RECONCILE_REQUEST_ANNOTATION, token), **suspend_patch(False)}
+
+
 def set_annotation(
     kube: Kube, stack: JSON, key: str, value: str, *, field_manager: str = FIELD_MANAGER_CLI
 ) -> tuple[JSON, str | None]:
     """Set one annotation, guarded by resourceVersion; returns the patched Stack and the
-    value it replaced when that value was an operation request nobody had picked up yet.
-    A value the controller would refuse (``api.annotations``) is not written."""
-    if key in RULE_OF and (problem := RULE_OF[key].problem(value)) is not None:
-        raise CommandFailed(f"not written, as the controller would refuse it: {problem}")
+    value it replaced when that value was an operation request nobody had picked up yet."""
+    return patch_stack(kube, stack, annotation_patch(key, value), field_manager=field_manager)
+
+
+def patch_stack(
+    kube: Kube, stack: JSON, request: JSON, *, field_manager: str = FIELD_MANAGER_CLI
+) -> tuple[JSON, str | None]:
+    """Merge ``request`` into the Stack, guarded by resourceVersion (a Stack that changed
+    meanwhile is read again); returns the patched Stack and the operation request it
+    replaced, when it sets one over a request nobody had picked up yet. An annotation value
+    the controller would refuse (``api.annotations``) is not written."""
+    annotations = (request.get("metadata") or {}).get("annotations") or {}
+    for key, value in annotations.items():
+        if key in RULE_OF and (problem := RULE_OF[key].problem(value)) is not None:
+            raise CommandFailed(f"not written, as the controller would refuse it: {problem}")
     metadata = stack["metadata"]
     current = stack
+    sets_request = OPERATION_REQUEST_ANNOTATION in annotations
     for _ in range(_PATCH_ATTEMPTS):
-        replaced = unacknowledged_request(current) if key == OPERATION_REQUEST_ANNOTATION else None
+        replaced = unacknowledged_request(current) if sets_request else None
         patch = {
+            **request,
             "metadata": {
+                **(request.get("metadata") or {}),
                 "resourceVersion": current["metadata"]["resourceVersion"],
-                "annotations": {key: value},
-            }
+            },
         }
         try:
             patched = kube.merge_patch(
