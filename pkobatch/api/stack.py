@@ -455,6 +455,9 @@ NOTIFICATION_EVENTS: Final[tuple[NotificationEvent, ...]] = (
 )
 # A receiver's name is a key of status.notifications.pending entries and a metric label.
 RECEIVER_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# What a receiver is sent (docs/notifications.md).
+ReceiverType = Literal["webhook", "slack", "flux"]
+RECEIVER_TYPES: Final[tuple[ReceiverType, ...]] = ("webhook", "slack", "flux")
 
 
 class NotificationSecretRef(_Model):
@@ -472,9 +475,10 @@ class NotificationReceiver(_Model):
     name: Annotated[str, CrdHint(extra={"pattern": RECEIVER_NAME_PATTERN})] = Field(
         min_length=1, max_length=63, description="Name of the receiver (unique in the list)."
     )
-    type: Literal["webhook", "slack"] = Field(
+    type: ReceiverType = Field(
         description="webhook: JSON body, signed when the Secret has a signingKey; slack: a "
-        'Slack-compatible incoming webhook ({"text": ...}).'
+        'Slack-compatible incoming webhook ({"text": ...}); flux: the event Flux controllers '
+        "post to notification-controller's events address."
     )
     secret_ref: NotificationSecretRef = Field(description="The Secret with the URL (and key).")
     events: list[NotificationEvent] | None = Field(
@@ -850,6 +854,9 @@ class PendingNotification(_Model):
     )
     run: str | None = Field(default=None, description="The run (Job) the event is about.")
     operation: str | None = Field(default=None, description="The run's operation.")
+    revision: str | None = Field(
+        default=None, description="The source revision the event is about (the run's commit)."
+    )
     receivers: dict[str, str] = Field(
         description="Receiver name -> type, for the receivers still to be sent to."
     )

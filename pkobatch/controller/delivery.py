@@ -49,9 +49,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pkobatch.api.constants import FIELD_MANAGER_CONTROLLER
 from pkobatch.api.objects import JSON
-from pkobatch.api.stack import NOTIFICATION_EVENTS, Notifications
+from pkobatch.api.stack import NOTIFICATION_EVENTS, RECEIVER_TYPES, Notifications
 from pkobatch.api.status import StatusObject
-from pkobatch.controller.events import EventRecorder
+from pkobatch.controller.events import REPORTING_CONTROLLER, EventRecorder
 from pkobatch.controller.notify import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -67,6 +67,7 @@ from pkobatch.controller.notify import (
     delivered_patch,
     delivery_id,
     destination_refusal,
+    flux_body,
     namespace_default,
     occurrences,
     pending_of,
@@ -91,7 +92,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 EVENT_NOTIFICATION_FAILED: Final = "NotificationFailed"
-RECEIVER_TYPES: Final = ("webhook", "slack")
 # (Stack uid, event id, receiver) pairs remembered as queued or done.
 REMEMBERED: Final = 10_000
 DEFAULTS_SYNC_TIMEOUT: Final = 10.0
@@ -423,7 +423,7 @@ class Notifier:
         try:
             self._send(delivery)
         except DeliveryFailed as exc:
-            if verdict(exc.status) == "failed" or item.attempt >= most:
+            if verdict(exc.status, receiver.type) == "failed" or item.attempt >= most:
                 progress = f"(attempt {item.attempt} of {most})"
                 self._give_up(delivery, f"{exc} {progress}", f"{exc.public} {progress}")
                 return
@@ -519,6 +519,14 @@ class Notifier:
         }
         if receiver.type == "slack":
             body = slack_body(delivery.stack, delivery.entry)
+        elif receiver.type == "flux":
+            body = flux_body(
+                delivery.stack,
+                delivery.entry,
+                ident,
+                controller=REPORTING_CONTROLLER,
+                instance=self._events.instance,
+            )
         else:
             body = webhook_body(delivery.stack, delivery.event_id, delivery.entry, ident)
             if key:
@@ -540,7 +548,7 @@ class Notifier:
             raise DeliveryFailed(_scrubbed(f"no answer from {address}: {exc}", url, key)) from None
         finally:
             connection.close()
-        if verdict(status) != "sent":
+        if verdict(status, receiver.type) != "sent":
             raise DeliveryFailed(f"{address} answered HTTP {status}", status)
 
     def _destination(self, host: str, port: int) -> str:

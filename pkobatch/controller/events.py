@@ -94,6 +94,11 @@ class EventRecorder:
         self._full = False
         self._sender: threading.Thread | None = None
 
+    @property
+    def instance(self) -> str:
+        """This controller as the Events' ``reportingInstance`` names it (its pod)."""
+        return self._instance
+
     def post(self, stack: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         body = event_body(stack, event_type, reason, message, datetime.now(UTC), self._instance)
         with self._changed:

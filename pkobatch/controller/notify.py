@@ -34,6 +34,13 @@ position can reach.
 
 A Stack being deleted is released in the reconcile that folds its destroy, so its status is
 never written again: its ``destroyed`` event is delivered from memory only.
+
+**Three formats.** A ``webhook`` gets pkobatch's own signed JSON, ``slack`` a Slack message,
+``flux`` the event Flux controllers post to notification-controller's events address
+(``eventv1.Event`` of ``github.com/fluxcd/pkg/apis/event/v1beta1``, what its event server
+decodes), so Flux's Alerts and Providers route pkobatch's events, as with tofu-controller's
+``eventsAddress``. Its metadata keys carry the Stack's API group (``pulumi.com/``): the only
+prefix, besides the event API group's, that notification-controller keeps.
 """
 
 from __future__ import annotations
@@ -53,9 +60,14 @@ from pydantic import ValidationError
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON, condition_of
-from pkobatch.api.stack import NOTIFICATION_EVENTS, NotificationEvent, Notifications
+from pkobatch.api.stack import (
+    NOTIFICATION_EVENTS,
+    NotificationEvent,
+    Notifications,
+    ReceiverType,
+)
 from pkobatch.api.status import last_drift_check, last_update
-from pkobatch.api.timestamps import format_time
+from pkobatch.api.timestamps import format_time, parse_time
 
 # The namespace default: a ConfigMap with this label, its receivers under this key.
 NAMESPACE_DEFAULT_LABEL: Final = "pkobatch.io/notifications"
@@ -73,6 +85,13 @@ BODY_VERSION: Final = 1
 # not grow the status without bound).
 MAX_PENDING: Final = 20
 MAX_SUMMARY_CHARS: Final = 1024
+# Flux's event severities (eventv1): what a Flux Alert's eventSeverity filters on ("error"
+# alerts get only these).
+FLUX_ERROR_EVENTS: Final[frozenset[NotificationEvent]] = frozenset(
+    {"run-failed", "stalled", "drift-detected"}
+)
+# A 40-digit hex commit is a git SHA-1: Flux writes it "sha1:<commit>" (Flux RFC 0005).
+_GIT_SHA1_DIGITS: Final = 40
 
 Verdict = Literal["sent", "retry", "failed"]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -101,12 +120,14 @@ class Occurrence:
     summary: str
     run: str = ""
     operation: str = ""
+    # The source revision the event is about (the run's commit; a Flux source's revision).
+    revision: str = ""
 
 
 @dataclass(frozen=True)
 class Receiver:
     name: str
-    type: Literal["webhook", "slack"]
+    type: ReceiverType
     secret: str
 
 
@@ -120,6 +141,7 @@ def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> lis
         return []
     operation = str(after.get("type") or "")
     time = str(after.get("lastResyncTime") or now)
+    revision = str(after.get("lastAttemptedCommit") or "")
     if after.get("state") == "failed":
         message = str(after.get("message") or "")
         return [
@@ -130,6 +152,7 @@ def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> lis
                 f"{operation} {name} failed: {message}",
                 name,
                 operation,
+                revision,
             )
         ]
     if after.get("state") != "succeeded":
@@ -145,6 +168,7 @@ def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> lis
                 f"{before.get('name')} failed",
                 name,
                 operation,
+                revision,
             )
         )
     if operation == "destroy":
@@ -156,6 +180,7 @@ def _run_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> lis
                 f"the stack's resources were destroyed by {name}",
                 name,
                 operation,
+                revision,
             )
         )
     return found
@@ -177,6 +202,8 @@ def _drift_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
             str(after.get("message") or "drift detected"),
             name,
             "refresh" if name else "",
+            # Drift is measured against what the last successful update deployed.
+            str(last_update(new).get("lastSuccessfulCommit") or ""),
         )
     ]
 
@@ -199,6 +226,7 @@ def _stall_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -> l
             f"stalled ({reason}): {after.get('message') or ''}",
             str(last.get("name") or ""),
             str(last.get("type") or ""),
+            str(last.get("lastAttemptedCommit") or ""),
         )
     ]
 
@@ -222,6 +250,7 @@ def _approval_events(old: Mapping[str, Any], new: Mapping[str, Any], now: str) -
             f"plan {plan} awaits approval" + (f": {summary}" if summary else ""),
             str(after.get("previewJob") or ""),
             "preview" if after.get("previewJob") else "",
+            str(after.get("commit") or ""),
         )
     ]
 
@@ -240,7 +269,13 @@ def occurrences(
     found = [event for detect in DETECTORS for event in detect(before, new, stamp)]
     return [
         Occurrence(
-            e.id, e.event, e.time, bound_message(e.summary, MAX_SUMMARY_CHARS), e.run, e.operation
+            e.id,
+            e.event,
+            e.time,
+            bound_message(e.summary, MAX_SUMMARY_CHARS),
+            e.run,
+            e.operation,
+            e.revision,
         )
         for e in found
     ]
@@ -325,6 +360,8 @@ def pending_entry(occurrence: Occurrence, receivers: Sequence[Receiver]) -> JSON
         entry["run"] = occurrence.run
     if occurrence.operation:
         entry["operation"] = occurrence.operation
+    if occurrence.revision:
+        entry["revision"] = occurrence.revision
     return entry
 
 
@@ -424,6 +461,60 @@ def slack_body(stack: Mapping[str, Any], entry: Mapping[str, Any]) -> bytes:
     return json.dumps({"text": text}).encode()
 
 
+def flux_revision(revision: str) -> str:
+    """A revision as Flux writes one: a git commit as ``sha1:<commit>``; a Flux source's
+    artifact revision (already ``<ref>@sha1:<commit>``) and others as they are."""
+    is_sha1 = len(revision) == _GIT_SHA1_DIGITS and all(c in "0123456789abcdef" for c in revision)
+    return f"sha1:{revision}" if is_sha1 else revision
+
+
+def flux_reason(event: str) -> str:
+    """The event's Flux reason (CamelCase, as Flux controllers write theirs): RunFailed ..."""
+    return "".join(part.capitalize() for part in event.split("-"))
+
+
+def flux_body(
+    stack: Mapping[str, Any],
+    entry: Mapping[str, Any],
+    delivery: str,
+    *,
+    controller: str,
+    instance: str,
+) -> bytes:
+    """The event as a Flux controller posts it to notification-controller (``eventv1.Event``
+    of ``fluxcd/pkg/apis/event/v1beta1``). ``delivery`` is its metadata token, so each event
+    is its own to notification-controller's duplicate filter and a repeat of it is not."""
+    meta = stack.get("metadata") or {}
+    api_version = str(stack.get("apiVersion") or "pulumi.com/v1")
+    prefix = api_version.partition("/")[0] + "/"
+    event = str(entry.get("event") or "")
+    moment = parse_time(entry.get("time"))
+    metadata = {
+        f"{prefix}event": event,
+        f"{prefix}token": delivery,
+        f"{prefix}revision": flux_revision(str(entry.get("revision") or "")),
+        f"{prefix}run": str(entry.get("run") or ""),
+        f"{prefix}operation": str(entry.get("operation") or ""),
+    }
+    body = {
+        "involvedObject": {
+            "apiVersion": api_version,
+            "kind": str(stack.get("kind") or "Stack"),
+            "namespace": str(meta.get("namespace") or ""),
+            "name": str(meta.get("name") or ""),
+            "uid": str(meta.get("uid") or ""),
+        },
+        "severity": "error" if event in FLUX_ERROR_EVENTS else "info",
+        "timestamp": format_time(moment) if moment else str(entry.get("time") or ""),
+        "message": str(entry.get("summary") or ""),
+        "reason": flux_reason(event),
+        "metadata": {key: value for key, value in metadata.items() if value},
+        "reportingController": controller,
+        "reportingInstance": instance,
+    }
+    return json.dumps(body, sort_keys=True).encode()
+
+
 def delivery_id(stack: Mapping[str, Any], event_id: str) -> str:
     """The same for every attempt and every restart: receivers may drop repeats by it."""
     return f"{(stack.get('metadata') or {}).get('uid') or ''}/{event_id}"
@@ -434,12 +525,14 @@ def signature(key: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def verdict(status_code: int | None) -> Verdict:
+def verdict(status_code: int | None, receiver_type: ReceiverType = "webhook") -> Verdict:
     """What an answer means: None is no answer (refused, reset, timed out). A 4xx other than
-    408 and 429 will not change by retrying (a wrong URL, a payload the receiver refuses)."""
+    408 and 429 will not change by retrying (a wrong URL, a payload the receiver refuses).
+    notification-controller answers 429 to an event it got already (its duplicate filter,
+    which Flux's own event recorder does not retry either): that one has arrived."""
     if status_code is None:
         return "retry"
-    if 200 <= status_code < 300:
+    if 200 <= status_code < 300 or (receiver_type == "flux" and status_code == 429):
         return "sent"
     if status_code in (408, 429) or status_code >= 500:
         return "retry"

@@ -8,7 +8,9 @@ namespace default: a Slack receiver that gets its stall, and two that are down, 
 connections, one accepting and never answering; neither delays the first Stack's messages,
 and the refused one is given up with a ``NotificationFailed`` Event. A Stack in approval mode
 announces its plan awaiting approval once. The receivers'
-URLs and the signing key are sentinels: they appear in no body, status, Event or log.
+URLs and the signing key are sentinels: they appear in no body, status, Event or log. A
+``flux`` receiver gets events in Flux's format, each one checked as notification-controller's
+event server reads it (tests/fixture_plugins/receivers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,8 @@ from fixture_plugins.receivers import (
     HELD,
     HangingServer,
     Receiver,
+    flux_event_problems,
+    flux_metadata,
     hook_secret,
     pending,
     receivers,
@@ -294,3 +299,59 @@ def test_a_plan_awaiting_approval_is_announced_once(
     assert request.headers["X-Pkobatch-Signature"] == f"sha256={digest}"
     # Nothing else happens until someone approves: no second message.
     assert len(inbox.accepted()) == 1
+
+
+def test_a_flux_receiver_gets_events_notification_controller_takes(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    receivers_on_loopback: Callable[..., tuple[Receiver, int]],
+) -> None:
+    # Answers as notification-controller's event server does: 202, or 400 for a body it
+    # cannot take (recorded with what is wrong).
+    inbox, port = receivers_on_loopback(202, flux_event_problems)
+    hook_secret(kube, namespace, "nc-hook", f"http://127.0.0.1:{port}/")
+    flux = {
+        "receivers": [{"name": "nc", "type": "flux", "secretRef": {"name": "nc-hook"}}],
+        "events": ["run-failed", "run-recovered"],
+    }
+    broken = git_repo("syntax-error")
+    apply_stack(kube, namespace, "app", stack_spec(broken, pulumi_env, notifications=flux))
+    wait_until(lambda: len(inbox.accepted()) >= 1, timeout=600, what="the run-failed event")
+    fixed = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(fixed, pulumi_env, notifications=flux))
+    wait_until(
+        lambda: any(e["reason"] == "RunRecovered" for e in inbox.accepted()),
+        timeout=600,
+        what="the run-recovered event",
+    )
+
+    stack = wait_stack(kube, namespace, "app", lambda s: ready(s) and not pending(s))
+    assert [(r.answered, r.problems) for r in inbox.requests()] == [
+        (202, []) for _ in inbox.requests()
+    ]
+    failed, *_, recovered = inbox.accepted()
+    reference = {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "namespace": namespace,
+        "name": "app",
+        "uid": stack["metadata"]["uid"],
+    }
+    for event in (failed, recovered):
+        assert event["involvedObject"] == reference
+        assert event["reportingController"] == "pkobatch.io/controller"
+        assert event["reportingInstance"] == socket.gethostname()
+    assert (failed["severity"], failed["reason"]) == ("error", "RunFailed")
+    assert failed["message"].startswith("up app-up-")
+    assert flux_metadata(failed)["revision"] == f"sha1:{broken.commit}"
+    assert (recovered["severity"], recovered["reason"]) == ("info", "RunRecovered")
+    assert flux_metadata(recovered) == {
+        "event": "run-recovered",
+        "revision": f"sha1:{fixed.commit}",
+        "run": stack["status"]["lastUpdate"]["name"],
+        "operation": "up",
+    }

@@ -6,6 +6,7 @@ Real HTTP servers on loopback; the API server is replaced only by the two calls 
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any, cast
 
 import pytest
 from fixture_plugins.receivers import Receiver as LoopbackReceiver
+from fixture_plugins.receivers import flux_event_problems
 from prometheus_client import CollectorRegistry
 
 from pkobatch.config import NotificationSettings
@@ -66,6 +68,8 @@ class SecretsOnly:
 
 class PostedEvents:
     """What the notifier gives the Event recorder: (reason, message) of each Event."""
+
+    instance = "controller-pod-1"
 
     def __init__(self) -> None:
         self.posted: list[tuple[str, str]] = []
@@ -314,3 +318,25 @@ def test_a_missing_secret_is_the_only_reason_an_event_names() -> None:
             "(attempt 1 of 1)",
         )
     ]
+
+
+def test_a_flux_receiver_gets_flux_events_and_a_429_repeat_is_delivered(
+    receivers_on_loopback: Callable[..., tuple[LoopbackReceiver, int]],
+) -> None:
+    """notification-controller's event server answers 202, and 429 to an event it already
+    has (its duplicate filter): both mean the event arrived, neither is retried."""
+    inbox, port = receivers_on_loopback(202, flux_event_problems)
+    kube, events = SecretsOnly({"nc": {"url": f"http://127.0.0.1:{port}/"}}), PostedEvents()
+    flux = delivery(Receiver("flux", "flux", "nc"))
+
+    notifier(kube, events)._send(flux)
+    inbox.answer = 429
+    notifier(kube, events)._send(flux)
+
+    first, repeat = inbox.requests()
+    assert (first.answered, first.problems) == (202, [])
+    assert repeat.answered == 429 and repeat.body == first.body
+    event = json.loads(first.body)
+    assert event["reportingInstance"] == PostedEvents.instance
+    assert event["involvedObject"]["uid"] == "u-1"
+    assert "X-Pkobatch-Signature" not in first.headers

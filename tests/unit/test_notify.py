@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from fixture_plugins.receivers import flux_event_problems, flux_metadata
 
-from pkobatch.api.stack import Notifications
+from pkobatch.api.stack import NOTIFICATION_EVENTS, Notifications
 from pkobatch.controller.notify import (
     MAX_PENDING,
     Occurrence,
@@ -21,6 +22,7 @@ from pkobatch.controller.notify import (
     delivered_patch,
     delivery_id,
     destination_refusal,
+    flux_body,
     namespace_default,
     occurrences,
     pending_of,
@@ -368,6 +370,120 @@ def test_signature_is_github_style_hmac_of_the_raw_body() -> None:
 )
 def test_verdict(code: int | None, expected: str) -> None:
     assert verdict(code) == expected
+    assert verdict(code, "slack") == expected
+
+
+def test_notification_controller_answers_a_repeat_with_429_and_that_one_has_arrived() -> None:
+    assert verdict(429, "flux") == "sent"
+    assert (verdict(202, "flux"), verdict(503, "flux"), verdict(400, "flux")) == (
+        "sent",
+        "retry",
+        "failed",
+    )
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FLUX_STACK = {"apiVersion": "pulumi.com/v1", "kind": "Stack", **STACK}
+
+
+def flux_event(
+    event: Any, status: dict[str, Any], before: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The Flux event of the ``event`` the change ``before`` -> ``status`` is."""
+    flux = Notifications.model_validate(
+        {"receivers": [{"name": "flux", "type": "flux", "secretRef": {"name": "nc"}}]}
+    )
+    found = [o for o in occurrences(before or {}, status, NOW) if o.event == event]
+    outbox, _ = with_pending({}, found, flux)
+    ((event_id, entry),) = pending_of(outbox).items()
+    body = flux_body(
+        FLUX_STACK,
+        entry,
+        delivery_id(STACK, event_id),
+        controller="pkobatch.io/controller",
+        instance="pkobatch-controller-7d9f",
+    )
+    assert flux_event_problems(body) == []
+    return dict(json.loads(body))
+
+
+def test_a_flux_receiver_gets_the_event_flux_controllers_post() -> None:
+    status = last("web-up-1", "failed", message="boom")
+    status["lastUpdate"]["lastAttemptedCommit"] = COMMIT
+
+    event = flux_event("run-failed", status)
+
+    assert event == {
+        "involvedObject": {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "namespace": "team-a",
+            "name": "web",
+            "uid": "u-1",
+        },
+        "severity": "error",
+        "timestamp": "2026-11-30T11:59:00Z",
+        "message": "up web-up-1 failed: boom",
+        "reason": "RunFailed",
+        "metadata": {
+            "pulumi.com/event": "run-failed",
+            "pulumi.com/token": "u-1/run-failed/web-up-1",
+            "pulumi.com/revision": f"sha1:{COMMIT}",
+            "pulumi.com/run": "web-up-1",
+            "pulumi.com/operation": "up",
+        },
+        "reportingController": "pkobatch.io/controller",
+        "reportingInstance": "pkobatch-controller-7d9f",
+    }
+    # What notification-controller's providers get: the token is its own.
+    assert flux_metadata(event) == {
+        "event": "run-failed",
+        "revision": f"sha1:{COMMIT}",
+        "run": "web-up-1",
+        "operation": "up",
+    }
+
+
+def test_each_event_has_its_flux_severity_reason_and_revision() -> None:
+    flux_revision = "main@sha1:" + COMMIT
+    update = {
+        "name": "web-up-2",
+        "type": "up",
+        "state": "succeeded",
+        "lastResyncTime": "2026-11-30T11:59:00Z",
+        "lastAttemptedCommit": flux_revision,
+        "lastSuccessfulCommit": flux_revision,
+    }
+    statuses = {
+        "run-failed": {"lastUpdate": {**update, "state": "failed"}},
+        "run-recovered": {"lastUpdate": update},
+        "destroyed": {"lastUpdate": {**update, "type": "destroy", "name": "web-destroy-1"}},
+        "drift-detected": {
+            "lastUpdate": update,
+            "conditions": [condition("Drifted", "True", "DriftDetected")],
+            "lastDriftCheck": {"name": "web-refresh-1"},
+        },
+        "stalled": {
+            "lastUpdate": {**update, "state": "failed"},
+            "conditions": [condition("Stalled", "True", "UpdateFailed")],
+        },
+        "approval-pending": {
+            "approval": {"state": "Pending", "planID": "p1", "commit": flux_revision}
+        },
+    }
+    before = {"run-recovered": {"lastUpdate": {**update, "name": "web-up-1", "state": "failed"}}}
+    seen = {}
+    for event in NOTIFICATION_EVENTS:
+        body = flux_event(event, statuses[event], before.get(event))
+        seen[event] = (body["severity"], body["reason"], flux_metadata(body)["revision"])
+    assert seen == {
+        "run-failed": ("error", "RunFailed", flux_revision),
+        "run-recovered": ("info", "RunRecovered", flux_revision),
+        "destroyed": ("info", "Destroyed", flux_revision),
+        "drift-detected": ("error", "DriftDetected", flux_revision),
+        "stalled": ("error", "Stalled", flux_revision),
+        "approval-pending": ("info", "ApprovalPending", flux_revision),
+    }
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:
