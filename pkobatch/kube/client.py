@@ -14,6 +14,10 @@ Errors are mapped to a small exception hierarchy (``NotFound``, ``Conflict``,
 Watches ask for bookmarks and use a *read* timeout (not a total one), so a silently dropped
 connection ends the stream instead of hanging forever.
 
+``ClientOverrides`` change the loaded configuration as kubectl's ``--server``, ``--token``,
+``--as`` and ``--as-group`` do: another server URL, a bearer token, and impersonation
+headers (``Impersonate-User``, one ``Impersonate-Group`` header per group) on every request.
+
 A ``TokenBucket`` given to the client (the controller's ``PKOBATCH_KUBE_QPS`` /
 ``PKOBATCH_KUBE_BURST``) is shared by every request it sends, watches included; the time
 each request waited for its token goes to the ``on_wait`` hook (metrics). The controller's
@@ -39,6 +43,8 @@ from kubernetes.config.config_exception import ConfigException
 from pkobatch.api.objects import JSON
 from pkobatch.kube.ratelimit import TokenBucket
 
+IMPERSONATE_USER_HEADER: Final = "Impersonate-User"
+IMPERSONATE_GROUP_HEADER: Final = "Impersonate-Group"
 MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 JSON_PATCH: Final = "application/json-patch+json"
@@ -245,6 +251,34 @@ def _error_from(status: int, body: bytes | str | None) -> KubeError:
     return KubeError(status, reason or "Error", message, causes)
 
 
+@dataclass(frozen=True)
+class ClientOverrides:
+    """What kubectl's ``--server``, ``--token``, ``--as`` and ``--as-group`` change of the
+    client configuration a kubeconfig (or the pod) gives."""
+
+    server: str | None = None
+    token: str | None = None
+    impersonate: str | None = None
+    impersonate_groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.impersonate_groups and not self.impersonate:
+            # client-go refuses the same: the API server impersonates users, not groups.
+            raise ValueError("impersonating groups needs a user to impersonate (--as)")
+
+    def server_url(self) -> str | None:
+        """``--server`` as a URL: as kubectl, a host[:port] without a scheme is https."""
+        if not self.server:
+            return None
+        return self.server if "://" in self.server else f"https://{self.server}"
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        if not self.impersonate:
+            return ()
+        groups = tuple((IMPERSONATE_GROUP_HEADER, group) for group in self.impersonate_groups)
+        return ((IMPERSONATE_USER_HEADER, self.impersonate), *groups)
+
+
 RequestHook = Callable[[str, str, int], None]
 """Called after every request with (method, path, status) — used for metrics."""
 WaitHook = Callable[[str, float], None]
@@ -311,11 +345,14 @@ class Kube:
         *,
         rate_limiter: TokenBucket | None = None,
         on_wait: WaitHook | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ):
         self._api = api_client
         self._on_request = on_request
         self._rate_limiter = rate_limiter
         self._on_wait = on_wait
+        # Sent with every request besides what the configuration adds (impersonation).
+        self._headers = headers
 
     @classmethod
     def connect(
@@ -327,10 +364,11 @@ class Kube:
         *,
         rate_limiter: TokenBucket | None = None,
         on_wait: WaitHook | None = None,
+        overrides: ClientOverrides | None = None,
     ) -> Kube:
         """In-cluster credentials when running in a pod (and no kubeconfig was named), else the
-        kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``). Without ``rate_limiter`` requests
-        are not limited (the CLI, tests)."""
+        kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``), changed by ``overrides``. Without
+        ``rate_limiter`` requests are not limited (the CLI, tests)."""
         configuration = k8s_client.Configuration()
         try:
             if kubeconfig is None and context is None:
@@ -349,11 +387,22 @@ class Kube:
                 f"cannot load Kubernetes credentials ({exc}); pass --kubeconfig or set KUBECONFIG",
             ) from exc
         configuration.connection_pool_maxsize = qps_pool
+        overrides = overrides or ClientOverrides()
+        server = overrides.server_url()
+        if server:
+            configuration.host = server
+        if overrides.token:
+            # As kubectl: the token replaces the kubeconfig's token or token source; a client
+            # certificate of the kubeconfig is still presented.
+            configuration.api_key = {"authorization": f"Bearer {overrides.token}"}
+            configuration.api_key_prefix = {}
+            configuration.refresh_api_key_hook = None
         return cls(
             k8s_client.ApiClient(configuration),
             on_request,
             rate_limiter=rate_limiter,
             on_wait=on_wait,
+            headers=overrides.headers(),
         )
 
     def with_own_rate_limit(self) -> Kube:
@@ -367,6 +416,7 @@ class Kube:
             self._on_request,
             rate_limiter=limiter.another() if limiter else None,
             on_wait=self._on_wait,
+            headers=self._headers,
         )
 
     @property
@@ -414,7 +464,11 @@ class Kube:
         self._throttle(method)
         try:
             response = self._api.call_api(
-                method, url, header_params=header_params, body=serialized, _request_timeout=timeout
+                method,
+                url,
+                header_params=self._with_own_headers(header_params),
+                body=serialized,
+                _request_timeout=timeout,
             )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             if self._on_request:
@@ -616,6 +670,14 @@ class Kube:
             body["gracePeriodSeconds"] = grace_period_seconds
         return self.request("DELETE", res.path(namespace, name), body=body, timeout=timeout)
 
+    def _with_own_headers(self, headers: Mapping[str, str]) -> urllib3.HTTPHeaderDict:
+        """``headers`` and this client's own (a header name may repeat: one
+        ``Impersonate-Group`` per group, as the API server reads them)."""
+        combined = urllib3.HTTPHeaderDict(headers)
+        for name, value in self._headers:
+            combined.add(name, value)
+        return combined
+
     def _open_stream(
         self,
         path: str,
@@ -639,7 +701,7 @@ class Kube:
             response = self._api.rest_client.pool_manager.request(
                 "GET",
                 url,
-                headers=header_params,
+                headers=self._with_own_headers(header_params),
                 preload_content=False,
                 timeout=urllib3.Timeout(connect=10.0, read=read_timeout),
                 retries=False,

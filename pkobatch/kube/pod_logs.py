@@ -16,8 +16,8 @@ class LogsUnavailable(Exception):
 
 class ApiPodLogs:
     """``pods/log`` through the API server (needs a kubelet behind it). ``read`` gives the
-    output so far (its last ``tail_lines`` lines when given); ``follow`` yields lines (with
-    their newline) as they are written, until the container ends."""
+    output so far, ``follow`` yields lines (with their newline) as they are written, until
+    the container ends; both from the last ``tail_lines`` lines when given."""
 
     def __init__(self, kube: Kube) -> None:
         self._kube = kube
@@ -38,10 +38,18 @@ class ApiPodLogs:
         except KubeError as exc:
             raise LogsUnavailable(f"logs of pod {namespace}/{pod}: {exc.message}") from exc
 
-    def follow(self, namespace: str, pod: str, *, container: str | None = None) -> Iterator[str]:
+    def follow(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        container: str | None = None,
+        tail_lines: int | None = None,
+    ) -> Iterator[str]:
         try:
             yield from self._kube.stream_lines(
-                PODS.path(namespace, pod, "log"), query={"container": container, "follow": "true"}
+                PODS.path(namespace, pod, "log"),
+                query={"container": container, "follow": "true", "tailLines": tail_lines},
             )
         except KubeError as exc:
             raise LogsUnavailable(f"logs of pod {namespace}/{pod}: {exc.message}") from exc
