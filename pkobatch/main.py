@@ -1,5 +1,6 @@
-"""The ``pkobatch`` console script (and ``kubectl-pkobatch``, the same as a kubectl plugin):
-one click group for users, operators and the Job runner.
+"""The ``pkobatch`` console script (and ``kubectl-pkobatch``, the same as a kubectl plugin,
+with ``kubectl_complete-pkobatch`` for its completion): one click group for users,
+operators and the Job runner (whose internal commands ``pkobatch --help`` does not list).
 
 It lives outside ``pkobatch.cli`` because it also mounts ``pkobatch controller`` (from
 ``pkobatch.controller``), which the user-facing CLI package must not import.
@@ -56,6 +57,14 @@ def kubectl_main() -> None:
     """``kubectl-pkobatch``: the same commands as a kubectl plugin (``kubectl pkobatch ...``);
     kubectl hands every argument after the plugin name over unchanged."""
     build_cli()(prog_name="kubectl pkobatch")
+
+
+def kubectl_complete_main() -> None:
+    """``kubectl_complete-pkobatch``: what kubectl runs to complete ``kubectl pkobatch ...``
+    (see ``pkobatch.cli.completion``)."""
+    from pkobatch.cli.completion import kubectl_completions
+
+    sys.stdout.write(kubectl_completions(build_cli(), sys.argv[1:]))
 
 
 if __name__ == "__main__":

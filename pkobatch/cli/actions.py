@@ -3,11 +3,14 @@
 Runs are requested through annotations the controller answers in the Stack's status
 (``requests.py``); the CLI never creates Jobs itself, so a run it asks for obeys the same
 rules (one run per Stack, suspension, RBAC of the run's ServiceAccount) as every other.
+
+One wait rule, as ``flux reconcile``'s: every command that asks for a run (here, and
+``approve``/``reject``) follows it to its end by default, and ``--no-wait`` only writes the
+request (``wait_option``). ``--wait`` is still accepted, and changes nothing.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Final, TypeVar
@@ -16,7 +19,6 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from pkobatch.api.constants import (
-    FIELD_MANAGER_CLI,
     OPERATION_REQUEST_ANNOTATION,
     OPERATIONS,
     RECONCILE_REQUEST_ANNOTATION,
@@ -26,19 +28,23 @@ from pkobatch.api.operation_request import request_value
 from pkobatch.api.status import last_update
 from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
 from pkobatch.cli.follow import wait_for
-from pkobatch.cli.render import changes_text, format_table, human_duration
+from pkobatch.cli.render import changes_text, human_duration
 from pkobatch.cli.requests import (
     RequestOutcome,
+    annotation_patch,
     new_token,
     operation_progress,
     outcome,
+    patch_stack,
     reconcile_progress,
+    resume_patch,
     set_annotation,
+    suspend_patch,
 )
 from pkobatch.cli.runs import RunRecord
 from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
 from pkobatch.cli.views import stack_view
-from pkobatch.kube.client import STACKS, Forbidden, KubeError
+from pkobatch.kube.client import Forbidden, KubeError
 
 DEFAULT_CONCURRENCY: Final = 4
 DecoratedCommand = TypeVar("DecoratedCommand", bound=Callable[..., Any])
@@ -58,8 +64,23 @@ OPERATION_HELP: Final = {
 }
 
 
-def _wait_default(wait: bool | None) -> bool:
-    return sys.stdout.isatty() if wait is None else wait
+CONCURRENCY_OPTION: Final = click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="Stacks in flight at once with -l/--all.",
+)
+
+
+def wait_option(what: str) -> Callable[[DecoratedCommand], DecoratedCommand]:
+    """``--wait/--no-wait``: follow ``what`` to its end (the default), or only request it."""
+    return click.option(
+        "--wait/--no-wait",
+        default=True,
+        show_default=True,
+        help=f"Follow {what} to its end, or only request it (--no-wait).",
+    )
 
 
 def _record(session: Session, stack: JSON, run: str) -> RunRecord | None:
@@ -112,7 +133,7 @@ def print_outcomes(session: Session, results: Sequence[RequestOutcome], *, singl
             for r in results
         ]
         headers = ["namespace", "name", "operation", "result", "reason", "duration", "run"]
-        session.print_lines(format_table([*headers, "message"], rows))
+        session.print_table([*headers, "message"], rows)
 
 
 def _confirm_destroy(session: Session, stacks: Sequence[JSON]) -> None:
@@ -240,8 +261,9 @@ def _operation_command(operation: str) -> click.Command:
     confirm = " --yes" if operation == "destroy" else ""
     epilog = f"""\b
 Examples:
-  pkobatch {operation} web{confirm} --wait
-  pkobatch {operation} -l team=payments{confirm} --wait --concurrency 8"""
+  pkobatch {operation} web{confirm}
+  pkobatch {operation} web{confirm} --no-wait
+  pkobatch {operation} -l team=payments{confirm} --concurrency 8"""
 
     @command(
         operation,
@@ -249,23 +271,15 @@ Examples:
         help=OPERATION_HELP[operation]
         + """
 
-The controller runs the operation as a Job. With --wait (the default on a terminal) the
-command follows the run, prints the runner's output to stderr and the result to stdout,
-and exits 1 if the run failed or was rejected. With -l or --all it applies to many
+The controller runs the operation as a Job. The command follows the run, prints the
+runner's output to stderr and the result to stdout, and exits 1 if the run failed or was
+rejected; with --no-wait it only requests the run. With -l or --all it applies to many
 Stacks, at most --concurrency at a time, and prints a summary table.""",
         epilog=epilog,
     )
     @_stack_selection
-    @click.option(
-        "--wait/--no-wait", default=None, help="Follow the run to its end (default: on a terminal)."
-    )
-    @click.option(
-        "--concurrency",
-        type=click.IntRange(1, 64),
-        default=DEFAULT_CONCURRENCY,
-        show_default=True,
-        help="Stacks in flight at once with -l/--all.",
-    )
+    @wait_option("the run")
+    @CONCURRENCY_OPTION
     @click.option(
         "-y",
         "--yes",
@@ -277,7 +291,7 @@ Stacks, at most --concurrency at a time, and prints a summary table.""",
         name: str | None,
         selector: str | None,
         all_stacks: bool,
-        wait: bool | None,
+        wait: bool,
         concurrency: int,
         yes: bool,
     ) -> None:
@@ -286,24 +300,36 @@ Stacks, at most --concurrency at a time, and prints a summary table.""",
         stacks, single = _select_stacks(session, name, selector, all_stacks)
         if operation == "destroy" and not yes:
             _confirm_destroy(session, stacks)
-        follow = _wait_default(wait)
-        if single:
-            result = request_and_wait(session, stacks[0], operation, wait=follow, show_logs=True)
-            results = [result]
-        else:
-            results = _run_many(
-                session,
-                stacks,
-                lambda stack: request_and_wait(
-                    session, stack, operation, wait=follow, show_logs=False
-                ),
-                concurrency,
-            )
-        print_outcomes(session, results, single=single)
-        if not all(r.ok for r in results):
-            exit_failed()
+        _apply_to_stacks(
+            session,
+            stacks,
+            lambda stack, show_logs: request_and_wait(
+                session, stack, operation, wait=wait, show_logs=show_logs
+            ),
+            single=single,
+            concurrency=concurrency,
+        )
 
     return run
+
+
+def _apply_to_stacks(
+    session: Session,
+    stacks: Sequence[JSON],
+    work: Callable[[JSON, bool], RequestOutcome],
+    *,
+    single: bool,
+    concurrency: int,
+) -> None:
+    """Run ``work(stack, show_logs)`` on one Stack (its run's output shown) or many (a
+    progress bar instead), print the outcomes, exit 1 unless all went well."""
+    if single:
+        results = [work(stacks[0], True)]
+    else:
+        results = _run_many(session, stacks, lambda stack: work(stack, False), concurrency)
+    print_outcomes(session, results, single=single)
+    if not all(r.ok for r in results):
+        exit_failed()
 
 
 OPERATION_COMMANDS: Final = tuple(_operation_command(op) for op in OPERATIONS)
@@ -321,45 +347,64 @@ Examples:
   pkobatch reconcile web --timeout 30m""",
 )
 @click.argument("name", shell_complete=complete_stack_names)
-@click.option(
-    "--wait/--no-wait", default=True, show_default=True, help="Wait for the run and Ready."
-)
+@wait_option("the run and Ready")
 def reconcile_command(name: str, wait: bool) -> None:
     """Ask the controller to run the Stack's normal operation now (PKO's
-    pulumi.com/reconciliation-request annotation, as `flux reconcile` does), wait for the
-    run to finish, and exit 0 if the Stack is Ready, 1 if not."""
+    pulumi.com/reconciliation-request annotation, as `flux reconcile` does), follow the run,
+    and exit 0 if the Stack is Ready, 1 if not."""
     session = Session.current()
     session.require_output("table", "json", "yaml")
     stack = get_stack(session, name)
-    view = stack_view(stack)
-    if view.suspended:
+    if stack_view(stack).suspended:
         raise CommandFailed(
             f"stack {name} is suspended: resume it first with `pkobatch resume {name}`"
         )
     token = new_token()
-    stack, _ = set_annotation(session.kube, stack, RECONCILE_REQUEST_ANNOTATION, token)
-    if not wait:
-        print_outcomes(
+    _apply_to_stacks(
+        session,
+        [stack],
+        lambda one, show_logs: reconcile_and_wait(
             session,
-            [RequestOutcome(view.namespace, view.name, "reconcile", token, "requested")],
-            single=True,
-        )
-        return
+            one,
+            annotation_patch(RECONCILE_REQUEST_ANNOTATION, token),
+            token,
+            "reconcile",
+            wait=wait,
+            show_logs=show_logs,
+        ),
+        single=True,
+        concurrency=1,
+    )
+
+
+def reconcile_and_wait(
+    session: Session,
+    stack: JSON,
+    request: JSON,
+    token: str,
+    asked: str,
+    *,
+    wait: bool,
+    show_logs: bool,
+) -> RequestOutcome:
+    """Write ``request`` (which sets reconcile request ``token``), then follow the run it
+    starts; the outcome names the run's operation (``asked`` until there is one)."""
+    stack, _ = patch_stack(session.kube, stack, request)
+    view = stack_view(stack)
+    if not wait:
+        return RequestOutcome(view.namespace, view.name, asked, token, "requested")
     stack, progress = wait_for(
         session,
         stack,
         lambda s: reconcile_progress(s, token),
-        label=f"reconcile {view.namespace}/{view.name}",
-        show_logs=True,
+        label=f"{asked} {view.namespace}/{view.name}",
+        show_logs=show_logs,
     )
     record = _record(session, stack, progress.job_name)
     operation = (record.operation if record else "") or str(
-        last_update(stack.get("status")).get("type") or "reconcile"
+        last_update(stack.get("status")).get("type") or asked
     )
-    result = outcome(stack, operation, token, progress, record)
-    print_outcomes(session, [result], single=True)
-    if not result.ok:
-        exit_failed()
+    return outcome(stack, operation, token, progress, record)
 
 
 # -- cancel -------------------------------------------------------------------------------
@@ -373,12 +418,8 @@ Examples:
   pkobatch cancel web""",
 )
 @click.argument("name", shell_complete=complete_stack_names)
-@click.option(
-    "--wait/--no-wait",
-    default=None,
-    help="Wait until the controller confirms (default: on a terminal).",
-)
-def cancel_command(name: str, wait: bool | None) -> None:
+@wait_option("the cancellation")
+def cancel_command(name: str, wait: bool) -> None:
     """Cancel the run in progress: the controller deletes its Job (Pulumi gets the grace
     period to stop cleanly) and records the run as failed with reason Cancelled."""
     session = Session.current()
@@ -386,7 +427,7 @@ def cancel_command(name: str, wait: bool | None) -> None:
     stack = get_stack(session, name)
     if not stack_view(stack).current_run:
         raise CommandFailed(f"stack {name} has no run in progress")
-    result = request_and_wait(session, stack, "cancel", wait=_wait_default(wait), show_logs=False)
+    result = request_and_wait(session, stack, "cancel", wait=wait, show_logs=False)
     print_outcomes(session, [result], single=True)
     if not result.ok:
         exit_failed()
@@ -395,53 +436,58 @@ def cancel_command(name: str, wait: bool | None) -> None:
 # -- suspend / resume ---------------------------------------------------------------------
 
 
-def _set_suspend(session: Session, stacks: Sequence[JSON], suspend: bool) -> None:
+@command(
+    "suspend",
+    short_help="Stop starting new runs of Stacks (a running one finishes).",
+    epilog="""\b
+Examples:
+  pkobatch suspend web
+  pkobatch suspend --all -n team-payments""",
+)
+@_stack_selection
+def suspend_command(name: str | None, selector: str | None, all_stacks: bool) -> None:
+    """Stop starting new runs of Stacks (a running one finishes): sets spec.suspend. It
+    requests no run, so there is nothing to follow."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    stacks, _ = _select_stacks(session, name, selector, all_stacks)
     done = []
     for stack in stacks:
-        metadata = stack["metadata"]
-        session.kube.merge_patch(
-            STACKS,
-            metadata["name"],
-            {"spec": {"suspend": suspend}},
-            metadata["namespace"],
-            field_manager=FIELD_MANAGER_CLI,
-        )
-        done.append(
-            {"namespace": metadata["namespace"], "name": metadata["name"], "suspended": suspend}
-        )
+        patch_stack(session.kube, stack, suspend_patch(True))
+        view = stack_view(stack)
+        done.append({"namespace": view.namespace, "name": view.name, "suspended": True})
     if session.output in ("json", "yaml"):
         session.print_data(done)
         return
-    word = "suspended" if suspend else "resumed"
-    session.print_lines(f"stack {d['namespace']}/{d['name']} {word}" for d in done)
+    session.print_lines(f"stack {d['namespace']}/{d['name']} suspended" for d in done)
 
 
-def _suspend_command(suspend: bool) -> click.Command:
-    verb = "suspend" if suspend else "resume"
-    summary = (
-        "Stop starting new runs of Stacks (a running one finishes)."
-        if suspend
-        else "Let suspended Stacks run again."
-    )
-
-    @command(
-        verb,
-        short_help=summary,
-        help=summary + " Sets spec.suspend.",
-        epilog=f"""\b
+@command(
+    "resume",
+    short_help="Let suspended Stacks run again, and run them now.",
+    epilog="""\b
 Examples:
-  pkobatch {verb} web
-  pkobatch {verb} --all -n team-payments""",
-    )
-    @_stack_selection
-    def run(name: str | None, selector: str | None, all_stacks: bool) -> None:
-        session = Session.current()
-        session.require_output("table", "json", "yaml")
-        stacks, _ = _select_stacks(session, name, selector, all_stacks)
-        _set_suspend(session, stacks, suspend)
+  pkobatch resume web
+  pkobatch resume --all -n team-payments --no-wait""",
+)
+@_stack_selection
+@wait_option("the run and Ready")
+@CONCURRENCY_OPTION
+def resume_command(
+    name: str | None, selector: str | None, all_stacks: bool, wait: bool, concurrency: int
+) -> None:
+    """Let suspended Stacks run again, as `flux resume` does: sets spec.suspend to false
+    and, in the same write, asks for a run of the normal operation now (PKO's
+    pulumi.com/reconciliation-request annotation), then follows it as `reconcile` does:
+    exit 0 if the Stack is Ready, 1 if not."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    stacks, single = _select_stacks(session, name, selector, all_stacks)
 
-    return run
+    def resume(stack: JSON, show_logs: bool) -> RequestOutcome:
+        token = new_token()
+        return reconcile_and_wait(
+            session, stack, resume_patch(token), token, "resume", wait=wait, show_logs=show_logs
+        )
 
-
-suspend_command: Final = _suspend_command(True)
-resume_command: Final = _suspend_command(False)
+    _apply_to_stacks(session, stacks, resume, single=single, concurrency=concurrency)

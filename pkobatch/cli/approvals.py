@@ -9,13 +9,14 @@ functions that read a Stack are pure; the waiting is ``follow.wait_for``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import click
 
 from pkobatch.api.constants import APPROVE_ANNOTATION, FIELD_MANAGER_CLI, REJECT_ANNOTATION
-from pkobatch.cli.actions import print_outcomes
+from pkobatch.api.objects import JSON
+from pkobatch.cli.actions import print_outcomes, wait_option
 from pkobatch.cli.fetch import complete_stack_names, get_stack
 from pkobatch.cli.follow import wait_for
 from pkobatch.cli.requests import Progress, RequestOutcome, outcome, set_annotation
@@ -102,6 +103,25 @@ def approval_progress(stack: Mapping[str, Any], plan: str) -> Progress:
     return Progress(phase="Waiting for the controller")
 
 
+def rejection_progress(stack: Mapping[str, Any], plan: str) -> Progress:
+    """Progress of the rejection of ``plan``: done once ``status.approval`` records it
+    Rejected (or the plan ended otherwise first)."""
+    record = approval_record(stack)
+    if record.get("planID") == plan and record.get("state") == "Rejected":
+        return Progress(phase="Succeeded", done=True, message=str(record.get("message") or ""))
+    progress = approval_progress(stack, plan)
+    if progress.done or progress.phase == "Running":
+        # Applied, failed, superseded, or approved (its update runs) before the rejection.
+        return Progress(
+            phase="Failed",
+            job_name=progress.job_name,
+            done=True,
+            failed_reason=progress.failed_reason or "Approved",
+            message=progress.message or f"plan {plan} was approved before it was rejected",
+        )
+    return progress
+
+
 def approver_field_manager(kube: Kube) -> str:
     """``pkobatch-cli:<user>`` for the user the API server authenticated; ``pkobatch-cli``
     when it will not say (the controller then records that name)."""
@@ -148,19 +168,17 @@ def plan_command(name: str) -> None:
     epilog="""\b
 Examples:
   pkobatch approve web
-  pkobatch approve web --plan plan-3f9a1c0d5e7b2a4c6d8e --yes --wait""",
+  pkobatch approve web --plan plan-3f9a1c0d5e7b2a4c6d8e --yes --no-wait""",
 )
 @click.argument("name", shell_complete=complete_stack_names)
 @click.option("--plan", "plan", metavar="ID", help="Approve only if this plan is the pending one.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option(
-    "--wait/--no-wait", default=False, show_default=True, help="Follow the update to its end."
-)
+@wait_option("the update")
 def approve_command(name: str, plan: str | None, yes: bool, wait: bool) -> None:
     """Show the pending plan, ask, and approve it (annotation pkobatch.io/approve). The
     update then runs `pulumi up --plan` with exactly that plan; if the stack or the program
-    no longer match it, the update fails (PlanMismatch) and a new plan awaits approval. With
-    --wait, follow the update and exit 1 if it failed or the plan was superseded."""
+    no longer match it, the update fails (PlanMismatch) and a new plan awaits approval. The
+    command follows the update and exits 1 if it failed or the plan was superseded."""
     session = Session.current()
     session.require_output("table", "json", "yaml")
     stack = get_stack(session, name)
@@ -175,27 +193,15 @@ def approve_command(name: str, plan: str | None, yes: bool, wait: bool) -> None:
             raise click.UsageError("approve needs confirmation: answer, or pass --yes") from None
         if not answer:
             raise CommandFailed("not approved: nothing changes")
-    stack, _ = set_annotation(
-        session.kube,
+    _decide(
+        session,
         stack,
-        APPROVE_ANNOTATION,
+        "approve",
         plan_id,
+        approval_progress,
+        wait=wait,
         field_manager=approver_field_manager(session.kube),
     )
-    view = stack_view(stack)
-    result = RequestOutcome(view.namespace, view.name, "approve", plan_id, "requested")
-    if wait:
-        stack, progress = wait_for(
-            session,
-            stack,
-            lambda s: approval_progress(s, plan_id),
-            label=f"approve {view.namespace}/{view.name} {plan_id}",
-            show_logs=True,
-        )
-        result = outcome(stack, "approve", plan_id, progress, None)
-    print_outcomes(session, [result], single=True)
-    if not result.ok:
-        exit_failed()
 
 
 @command(
@@ -207,17 +213,43 @@ Examples:
 )
 @click.argument("name", shell_complete=complete_stack_names)
 @click.option("--plan", "plan", metavar="ID", help="Reject only if this plan is the pending one.")
-def reject_command(name: str, plan: str | None) -> None:
+@wait_option("the rejection")
+def reject_command(name: str, plan: str | None, wait: bool) -> None:
     """Reject the pending plan (annotation pkobatch.io/reject): the controller discards it
-    and runs nothing until the spec, the source or the reconcile request changes."""
+    and runs nothing until the spec, the source or the reconcile request changes. The
+    command waits until the controller has discarded it."""
     session = Session.current()
     session.require_output("table", "json", "yaml")
     stack = get_stack(session, name)
     plan_id = chosen_plan(pending_record(stack, name), plan, name)
-    stack, _ = set_annotation(session.kube, stack, REJECT_ANNOTATION, plan_id)
+    _decide(session, stack, "reject", plan_id, rejection_progress, wait=wait)
+
+
+def _decide(
+    session: Session,
+    stack: JSON,
+    decision: str,
+    plan_id: str,
+    progress: Callable[[Mapping[str, Any], str], Progress],
+    *,
+    wait: bool,
+    field_manager: str = FIELD_MANAGER_CLI,
+) -> None:
+    """Write ``decision`` (approve, reject) on ``plan_id``, follow it to its end unless told
+    not to (an approval's update with its output), print the outcome, exit 1 if it failed."""
+    annotation = APPROVE_ANNOTATION if decision == "approve" else REJECT_ANNOTATION
+    stack, _ = set_annotation(session.kube, stack, annotation, plan_id, field_manager=field_manager)
     view = stack_view(stack)
-    print_outcomes(
-        session,
-        [RequestOutcome(view.namespace, view.name, "reject", plan_id, "requested")],
-        single=True,
-    )
+    result = RequestOutcome(view.namespace, view.name, decision, plan_id, "requested")
+    if wait:
+        stack, found = wait_for(
+            session,
+            stack,
+            lambda s: progress(s, plan_id),
+            label=f"{decision} {view.namespace}/{view.name} {plan_id}",
+            show_logs=decision == "approve",
+        )
+        result = outcome(stack, decision, plan_id, found, None)
+    print_outcomes(session, [result], single=True)
+    if not result.ok:
+        exit_failed()

@@ -9,8 +9,10 @@ them and the global options to the top-level group of ``pkobatch.main``.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -22,6 +24,7 @@ from rich.text import Text
 from pkobatch.api.cron import ScheduleError
 from pkobatch.api.objects import JSON
 from pkobatch.cli import actions, approvals, diagnostics
+from pkobatch.cli.completion import completion_command
 from pkobatch.cli.describe import describe_stack
 from pkobatch.cli.fetch import (
     complete_stack_names,
@@ -61,7 +64,7 @@ from pkobatch.cli.views import (
     stack_view,
     upcoming_runs,
 )
-from pkobatch.kube.client import CORE_EVENTS, JOBS, STACKS, Forbidden, WatchEvent
+from pkobatch.kube.client import CORE_EVENTS, JOBS, PODS, STACKS, Forbidden, WatchEvent
 from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
 
 NAME = click.argument("name", shell_complete=complete_stack_names)
@@ -84,17 +87,34 @@ def next_run(view: StackView, moment: datetime) -> datetime | None:
 # -- get ----------------------------------------------------------------------------------
 
 
-def _stack_lines(
-    session: Session, stacks: Sequence[JSON], requirements: Sequence[StatusRequirement]
-) -> list[Text]:
+def _matching(stacks: Sequence[JSON], requirements: Sequence[StatusRequirement]) -> list[JSON]:
+    return [s for s in stacks if all(r.matches(stack_view(s)) for r in requirements)]
+
+
+def _stack_table(session: Session, stacks: Sequence[JSON]) -> tuple[list[str], list[list[Cell]]]:
+    """The headers and rows of ``pkobatch get`` (table or wide)."""
     moment = now()
     wide = session.output == "wide"
     namespaces = session.options.all_namespaces
-    views = [v for v in map(stack_view, stacks) if all(r.matches(v) for r in requirements)]
     rows = [
-        stack_row(v, moment, next_run(v, moment), wide=wide, namespaces=namespaces) for v in views
+        stack_row(v, moment, next_run(v, moment), wide=wide, namespaces=namespaces)
+        for v in map(stack_view, stacks)
     ]
-    return format_table(stack_table_headers(wide=wide, namespaces=namespaces), rows)
+    return stack_table_headers(wide=wide, namespaces=namespaces), rows
+
+
+def _print_stacks(
+    session: Session, stacks: Sequence[JSON], *, header: bool = True, single: bool = False
+) -> None:
+    """Stacks in the ``-o`` format (a ``single`` one named on the command line is printed
+    as itself in JSON and YAML, not in a List)."""
+    if session.output in ("json", "yaml"):
+        shown = [without_managed_fields(s) for s in stacks]
+        session.print_data(shown[0] if single and shown else _as_list(shown))
+    elif session.output == "name":
+        session.print_names(STACKS, (str(s["metadata"]["name"]) for s in stacks))
+    else:
+        session.print_table(*_stack_table(session, stacks), header=header)
 
 
 def _as_list(items: Sequence[JSON]) -> JSON:
@@ -145,22 +165,14 @@ def get_command(
         _watch_stacks(session, name, selector, requirements)
         return
     stacks = [get_stack(session, name)] if name else list_stacks(session, selector)
-    if session.output in ("json", "yaml"):
-        matching = [
-            without_managed_fields(s)
-            for s in stacks
-            if all(r.matches(stack_view(s)) for r in requirements)
-        ]
-        session.print_data(matching[0] if name and matching else _as_list(matching))
-        return
-    lines = _stack_lines(session, stacks, requirements)
-    if len(lines) == 1:
+    matching = _matching(stacks, requirements)
+    if not matching and session.output not in ("json", "yaml"):
         where = (
             "any namespace" if session.options.all_namespaces else f"namespace {session.namespace}"
         )
         session.progress(f"No stacks found in {where}.")
         return
-    session.print_lines(lines)
+    _print_stacks(session, matching, single=bool(name))
 
 
 def _watch_stacks(
@@ -178,17 +190,17 @@ def _watch_stacks(
     current: dict[tuple[str, str], JSON] = {}
 
     def render() -> Text:
-        ordered = sorted(current.values(), key=object_key)
-        return Text("\n").join(_stack_lines(session, ordered, requirements))
+        ordered = _matching(sorted(current.values(), key=object_key), requirements)
+        headers, rows = _stack_table(session, ordered)
+        return Text("\n").join(format_table(headers, rows, header=not session.options.no_headers))
 
     def emit(changed: Sequence[JSON], header: bool) -> None:
+        shown = _matching(changed, requirements)
         if session.output in ("json", "yaml"):
-            for stack in changed:
-                if all(r.matches(stack_view(stack)) for r in requirements):
-                    session.print_data(without_managed_fields(stack))
-            return
-        lines = _stack_lines(session, changed, requirements)
-        session.print_lines(lines if header else lines[1:])
+            for stack in shown:
+                session.print_data(without_managed_fields(stack))
+        elif shown or header:
+            _print_stacks(session, shown, header=header)
 
     def relist() -> str:
         items, version = session.kube.list_objects(
@@ -308,7 +320,7 @@ def outputs_command(name: str) -> None:
     if not outputs:
         session.progress(f"Stack {name} has no outputs yet.")
         return
-    session.print_lines(format_table(["name", "value"], outputs_rows(outputs)))
+    session.print_table(["name", "value"], outputs_rows(outputs))
 
 
 # -- history ------------------------------------------------------------------------------
@@ -388,9 +400,13 @@ def history_command(name: str, limit: int | None) -> None:
     if not runs:
         session.progress(f"Stack {name} has no recorded runs.")
         return
+    if session.output == "name":
+        # A run is its Job.
+        session.print_names(JOBS, (r.name for r in runs))
+        return
     wide = session.output == "wide"
     headers = HISTORY_HEADERS + (["pulumi", "message"] if wide else [])
-    session.print_lines(format_table(headers, history_rows(runs, now(), wide=wide)))
+    session.print_table(headers, history_rows(runs, now(), wide=wide))
 
 
 # -- logs ---------------------------------------------------------------------------------
@@ -410,21 +426,45 @@ def _pick_run(session: Session, stack: JSON, run: str | None) -> str:
 
 @command(
     "logs",
-    short_help="Print the runner output of a Stack's last (or a given) run.",
+    short_help="Print the output of a Stack's last (or a given) run, or the controller's log.",
     epilog="""\b
 Examples:
   pkobatch logs web
   pkobatch logs web -f
-  pkobatch logs web --run web-refresh-1a2b3c --tail 50""",
+  pkobatch logs web --run web-refresh-1a2b3c --tail 50
+  pkobatch logs --controller --tail 100""",
 )
-@NAME
+@OPTIONAL_NAME
 @click.option("--run", "run_name", metavar="RUN", help="The run (Job name, see `history`).")
+@click.option(
+    "--controller",
+    is_flag=True,
+    help="The controller's own log, of each of its pods, instead of a run's output.",
+)
+@diagnostics.CONTROLLER_NAMESPACE_OPTION
 @click.option("-f", "--follow", is_flag=True, help="Keep printing output until the run ends.")
 @click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines.")
-def logs_command(name: str, run_name: str | None, follow: bool, tail: int | None) -> None:
-    """Print the output of a Stack's current or last run, or of the run named by --run."""
+def logs_command(
+    name: str | None,
+    run_name: str | None,
+    controller: bool,
+    controller_namespace: str,
+    follow: bool,
+    tail: int | None,
+) -> None:
+    """Print the output of a Stack's current or last run, or of the run named by --run.
+    With --controller, the log of the controller's pods in --controller-namespace (those
+    labelled as deploy/ labels the controller and its shards), each line prefixed with its
+    pod when there are several."""
     session = Session.current()
     session.require_output("table")
+    if controller:
+        if name or run_name:
+            raise click.UsageError("--controller takes no NAME and no --run")
+        _controller_logs(session, controller_namespace, follow=follow, tail=tail)
+        return
+    if not name:
+        raise click.UsageError("give a Stack NAME, or --controller")
     stack = get_stack(session, name)
     namespace = stack_view(stack).namespace
     job = _pick_run(session, stack, run_name)
@@ -441,7 +481,7 @@ def logs_command(name: str, run_name: str | None, follow: bool, tail: int | None
     logs = ApiPodLogs(session.kube)
     try:
         if follow:
-            for line in logs.follow(namespace, pod, container=RUN_CONTAINER):
+            for line in logs.follow(namespace, pod, container=RUN_CONTAINER, tail_lines=tail):
                 click.echo(line, nl=False)
         else:
             click.echo(
@@ -449,6 +489,41 @@ def logs_command(name: str, run_name: str | None, follow: bool, tail: int | None
             )
     except LogsUnavailable as exc:
         raise CommandFailed(f"cannot read the output of run {job}: {exc}") from None
+
+
+def _controller_logs(session: Session, namespace: str, *, follow: bool, tail: int | None) -> None:
+    pods, _ = session.kube.list_objects(
+        PODS, namespace, label_selector=diagnostics.CONTROLLER_PODS_SELECTOR
+    )
+    names = sorted(str(p["metadata"]["name"]) for p in pods)
+    if not names:
+        raise CommandFailed(
+            f"no controller pod in namespace {namespace} (labelled "
+            f"{diagnostics.CONTROLLER_PODS_SELECTOR}); pass --controller-namespace"
+        )
+    logs = ApiPodLogs(session.kube)
+    prefixes = {pod: f"[pod/{pod}] " if len(names) > 1 else "" for pod in names}
+    printing = threading.Lock()
+
+    def show(pod: str, text: str) -> None:
+        with printing:
+            for line in text.splitlines(keepends=True):
+                click.echo(prefixes[pod] + line, nl=False)
+
+    def read(pod: str) -> None:
+        container = diagnostics.CONTROLLER_CONTAINER
+        if follow:
+            for line in logs.follow(namespace, pod, container=container, tail_lines=tail):
+                show(pod, line)
+        else:
+            show(pod, logs.read(namespace, pod, container=container, tail_lines=tail))
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:
+            for done in [pool.submit(read, pod) for pod in names]:
+                done.result()
+    except LogsUnavailable as exc:
+        raise CommandFailed(f"cannot read the controller's log: {exc}") from None
 
 
 # -- events -------------------------------------------------------------------------------
@@ -504,7 +579,7 @@ def _print_events(session: Session, events: Sequence[JSON], *, header: bool) -> 
         return
     rows = event_rows([event_view(e) for e in events], now())
     if rows or header:
-        session.print_lines(format_table(EVENT_HEADERS, rows, header=header))
+        session.print_table(EVENT_HEADERS, rows, header=header)
 
 
 def _watch_events(
@@ -593,7 +668,7 @@ def schedule_command(name: str, count: int) -> None:
     rows: list[list[Cell]] = [
         [timestamp(r.at.astimezone(zone)), until(r.at, moment), r.source, r.operation] for r in runs
     ]
-    session.print_lines(format_table(["time", "in", "schedule", "operation"], rows))
+    session.print_table(["time", "in", "schedule", "operation"], rows)
 
 
 # -- registration -------------------------------------------------------------------------
@@ -616,6 +691,7 @@ USER_COMMANDS: tuple[click.Command, ...] = (
     schedule_command,
     diagnostics.check_command,
     diagnostics.version_command,
+    completion_command,
 )
 
 

@@ -68,7 +68,8 @@ def _controller_detail(controller: dict[str, Any]) -> str:
     return detail
 
 
-@click.group("dev")
+# Internal: hidden from `pkobatch --help`, as are `job` and `controller`.
+@click.group("dev", hidden=True)
 def dev_group() -> None:
     """Local control plane (real etcd, kube-apiserver, kube-controller-manager), a node agent
     that runs pods as local processes or a real node (kubelet, containerd, kube-proxy,

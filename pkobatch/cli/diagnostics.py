@@ -1,7 +1,12 @@
 """``pkobatch check`` and ``pkobatch version``: is everything installed, current and allowed?
 
 The comparisons are pure functions (``crd_differences``, ``lease_state``,
-``permission_checks``) so that each verdict is unit-tested; the commands only fetch.
+``leader_election``, ``permission_checks``) so that each verdict is unit-tested; the commands
+only fetch.
+
+A controller elects a leader only with ``PKOBATCH_LEADER_ELECTION__ENABLED`` (off by default;
+deploy/ turns it on): ``check`` reads that from the controller's Deployment and expects a
+held Lease only where it is on.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pkobatch.api.constants import CRD_NAME, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.api.crd import generate_crd
 from pkobatch.api.objects import JSON
 from pkobatch.api.timestamps import parse_time
-from pkobatch.cli.render import format_table, human_duration
+from pkobatch.cli.render import human_duration
 from pkobatch.cli.runs import read_result
 from pkobatch.cli.session import Session, command, describe_unreachable, exit_failed, now
 from pkobatch.kube.client import (
@@ -42,6 +47,13 @@ COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 SHARD_COMPONENT: Final = "controller-shard"
 CONTROLLER_SHARD_LABEL: Final = "pkobatch.io/controller-shard"
 CONTROLLER_CONTAINER: Final = "controller"
+# The controller's pods, main and shards, as deploy/kustomize/base and the chart label them.
+LEADER_ELECTION_ENV: Final = "PKOBATCH_LEADER_ELECTION__ENABLED"
+# The words pydantic reads as true (the controller's settings parse this variable so).
+TRUE_WORDS: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
+CONTROLLER_PODS_SELECTOR: Final = (
+    f"app.kubernetes.io/name=pkobatch,{COMPONENT_LABEL} in (controller,{SHARD_COMPONENT})"
+)
 OK: Final = "ok"
 WARNING: Final = "warning"
 FAIL: Final = "FAIL"
@@ -134,13 +146,27 @@ def image_tag(image: str) -> str:
     return name.split(":", 1)[1] if ":" in name else "latest"
 
 
-def controller_image(deployment: Mapping[str, Any]) -> str:
+def controller_container(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
     containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
         "containers"
     ) or []
     chosen = next((c for c in containers if c.get("name") == CONTROLLER_CONTAINER), None)
-    chosen = chosen or (containers[0] if containers else {})
-    return str(chosen.get("image") or "")
+    return chosen or (containers[0] if containers else {})
+
+
+def controller_image(deployment: Mapping[str, Any]) -> str:
+    return str(controller_container(deployment).get("image") or "")
+
+
+def leader_election(deployment: Mapping[str, Any]) -> bool | None:
+    """Whether the Deployment's controller elects a leader; None when its Deployment does
+    not say (the variable comes from a reference or an ``envFrom`` source)."""
+    container = controller_container(deployment)
+    for variable in container.get("env") or []:
+        if variable.get("name") == LEADER_ELECTION_ENV:
+            value = variable.get("value")
+            return None if value is None else str(value).strip().lower() in TRUE_WORDS
+    return None if container.get("envFrom") else False
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -179,6 +205,7 @@ def _crd_checks(kube: Kube) -> list[Check]:
 
 def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]:
     checks = []
+    deployment: JSON | None = None
     try:
         deployment = kube.get(DEPLOYMENTS, CONTROLLER_NAME, namespace)
         status = deployment.get("status") or {}
@@ -205,18 +232,19 @@ def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]
         )
     except Forbidden:
         checks.append(Check("controller deployment", WARNING, "not allowed to read it"))
-    checks.append(_leader_check(kube, namespace, CONTROLLER_NAME, "controller leader", now))
-    for shard in _controller_shards(kube, namespace):
+    checks.append(
+        _leader_check(kube, namespace, CONTROLLER_NAME, "controller leader", now, deployment)
+    )
+    for shard, shard_deployment in _controller_shards(kube, namespace):
+        lease = f"{CONTROLLER_NAME}-{shard}"
         checks.append(
-            _leader_check(
-                kube, namespace, f"{CONTROLLER_NAME}-{shard}", f"shard {shard} leader", now
-            )
+            _leader_check(kube, namespace, lease, f"shard {shard} leader", now, shard_deployment)
         )
     return checks
 
 
-def _controller_shards(kube: Kube, namespace: str) -> list[str]:
-    """The controller shards installed in ``namespace`` (their Deployments' label,
+def _controller_shards(kube: Kube, namespace: str) -> list[tuple[str, JSON]]:
+    """The controller shards installed in ``namespace`` and their Deployments (their label,
     docs/sharding.md); none when the user may not list Deployments there."""
     try:
         deployments, _ = kube.list_objects(
@@ -225,13 +253,32 @@ def _controller_shards(kube: Kube, namespace: str) -> list[str]:
     except Forbidden:
         return []
     shards = {
-        str(((d.get("metadata") or {}).get("labels") or {}).get(CONTROLLER_SHARD_LABEL) or "")
+        str(((d.get("metadata") or {}).get("labels") or {}).get(CONTROLLER_SHARD_LABEL) or ""): d
         for d in deployments
     }
-    return sorted(shards - {""})
+    return sorted((shard, d) for shard, d in shards.items() if shard)
 
 
-def _leader_check(kube: Kube, namespace: str, lease_name: str, check: str, now: datetime) -> Check:
+def _leader_check(
+    kube: Kube,
+    namespace: str,
+    lease_name: str,
+    check: str,
+    now: datetime,
+    deployment: Mapping[str, Any] | None,
+) -> Check:
+    """The leader of ``lease_name`` holds its Lease, unless ``deployment`` (the controller's,
+    when readable) runs it without leader election."""
+    if deployment is not None and leader_election(deployment) is False:
+        replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
+        if replicas > 1:
+            return Check(
+                check,
+                WARNING,
+                f"leader election is off ({LEADER_ELECTION_ENV}) with {replicas} replicas: "
+                "each of them runs the same Stacks; set it to true",
+            )
+        return Check(check, OK, f"none needed: leader election is off ({LEADER_ELECTION_ENV})")
     try:
         lease = lease_state(kube.get(LEASES, lease_name, namespace), now)
     except NotFound:
@@ -302,8 +349,9 @@ Examples:
 @CONTROLLER_NAMESPACE_OPTION
 def check_command(controller_namespace: str) -> None:
     """Check that the API server answers, the Stack CRD is installed and matches this CLI,
-    the controller runs and holds its leader Lease (as does each controller shard), and what
-    you may do in the namespace. Exits 1 if any check fails."""
+    the controller runs and — where its Deployment enables leader election, as deploy/
+    does — holds its leader Lease (as does each controller shard), and what you may do in
+    the namespace. Exits 1 if any check fails."""
     session = Session.current()
     session.require_output("table", "json", "yaml")
     kube = session.kube
@@ -318,7 +366,7 @@ def check_command(controller_namespace: str) -> None:
     if session.output in ("json", "yaml"):
         session.print_data([c.to_json() for c in checks])
     else:
-        session.print_lines(format_table(["check", "result", "detail"], _check_rows(checks)))
+        session.print_table(["check", "result", "detail"], _check_rows(checks))
     if any(c.result == FAIL for c in checks):
         exit_failed()
 
@@ -410,8 +458,6 @@ def version_command(controller_namespace: str, client_only: bool) -> None:
             {name: {"version": version, "detail": detail} for name, version, detail in rows}
         )
     else:
-        session.print_lines(
-            format_table(["component", "version", "detail"], [list(r) for r in rows])
-        )
+        session.print_table(["component", "version", "detail"], [list(r) for r in rows])
     if failed:
         exit_failed()

@@ -23,7 +23,8 @@ from pkobatch.runner.job import run_job
 EXIT_USAGE = 2
 
 
-@click.group("job")
+# Internal: hidden from `pkobatch --help`.
+@click.group("job", hidden=True)
 def job_group() -> None:
     """Commands that run inside a run's Job (used by the controller, not by people)."""
 

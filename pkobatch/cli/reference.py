@@ -30,14 +30,29 @@ credentials.
 Conventions, as in `kubectl` and `flux`:
 
 - Data goes to stdout, progress, run output while waiting, warnings and errors to stderr,
-  so `pkobatch get -o json | jq` always works.
+  so `pkobatch get -o json | jq` always works. `-o name` prints `stack.pulumi.com/<name>`
+  (`get`) or `job.batch/<run>` (`history`) per line, and `--no-headers` leaves the header
+  line out of every table.
+- One wait rule, as `flux reconcile`'s: every command that asks for a run (`up`,
+  `preview`, `refresh`, `destroy`, `reconcile`, `cancel`, `approve`, `reject`, `resume`)
+  follows it to its end by default — the run's output on stderr, the result on stdout,
+  exit 1 if it failed, was rejected or did not end within `--timeout` — and `--no-wait`
+  only writes the request and exits 0. `--wait`, once needed, is still accepted and changes
+  nothing. `suspend` requests no run: it only writes the spec.
 - Exit codes: 0 success; 1 the operation failed, was rejected or timed out, or the API
   refused (not found, forbidden, unreachable); 2 usage error.
 - Colours only on a terminal; `--no-color` or `NO_COLOR` turns them off.
-- Shell completion, Stack names included: `eval "$(_PKOBATCH_COMPLETE=bash_source pkobatch)"`
-  (or `zsh_source`, `fish_source`).
+- Connection options as kubectl's: `--kubeconfig`, `--context`, `--server`, `--token`,
+  `--as` and `--as-group` (impersonation).
+- Shell completion, Stack names included: `source <(pkobatch completion bash)` (or `zsh`,
+  `fish`; see `pkobatch completion`).
 - As a kubectl plugin: installing pkobatch also installs `kubectl-pkobatch`, so with it on
-  `PATH` every command works as `kubectl pkobatch ...` (`kubectl plugin list` shows it).
+  `PATH` every command works as `kubectl pkobatch ...` (`kubectl plugin list` shows it), and
+  `kubectl_complete-pkobatch`, with which kubectl's own completion (`kubectl completion
+  bash`, kubectl 1.26 or later) completes `kubectl pkobatch ...`.
+- `pkobatch --help` lists the commands below; `job`, `controller` and `dev` (what a run's
+  Job, the controller's Deployment and local development run) are left out of it and of
+  this page, and have their own `--help`.
 """
 
 

@@ -7,10 +7,15 @@ values the user actually gave (command line or environment) in the root context,
 command's own copy of an option overrides the group's and command signatures stay free of
 them. ``Session.from_context`` resolves them, with defaults, when a command runs.
 
+The connection options are kubectl's: ``--kubeconfig``, ``--context``, and ``--server``,
+``--token``, ``--as``, ``--as-group``, which change what the kubeconfig gives
+(``pkobatch.kube.client.ClientOverrides``).
+
 Output discipline: data goes to stdout (``Session.out``), everything else — progress,
 spinners, run logs while waiting, warnings, errors — to stderr (``Session.err``), so
-``pkobatch get -o json | jq`` always works. Exit codes: 0 success, 1 the operation failed
-or timed out (``click.ClickException``), 2 usage error (``click.UsageError``).
+``pkobatch get -o json | jq`` always works. Tables go through ``Session.print_table``, which
+leaves out the header line with ``--no-headers``. Exit codes: 0 success, 1 the operation
+failed or timed out (``click.ClickException``), 2 usage error (``click.UsageError``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -32,18 +37,21 @@ from rich.text import Text
 
 from pkobatch.api.durations import format_duration, parse_duration
 from pkobatch.cli.default_namespace import default_namespace
+from pkobatch.cli.render import Cell, format_table
 from pkobatch.kube.client import (
     STACKS,
+    ClientOverrides,
     Forbidden,
     Kube,
     KubeError,
     NotFound,
+    Resource,
     Unauthorized,
     Unreachable,
 )
 
-OutputFormat = Literal["table", "wide", "json", "yaml"]
-OUTPUT_FORMATS: Final[tuple[OutputFormat, ...]] = ("table", "wide", "json", "yaml")
+OutputFormat = Literal["table", "wide", "json", "yaml", "name"]
+OUTPUT_FORMATS: Final[tuple[OutputFormat, ...]] = ("table", "wide", "json", "yaml", "name")
 DEFAULT_TIMEOUT: Final = "10m"
 _META_KEY: Final = "pkobatch.global_options"
 
@@ -77,6 +85,7 @@ def global_params() -> list[click.Parameter]:
         GlobalOption(
             ["--kubeconfig"],
             metavar="PATH",
+            type=click.Path(dir_okay=False),
             expose_value=False,
             callback=_remember,
             help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).",
@@ -87,6 +96,35 @@ def global_params() -> list[click.Parameter]:
             expose_value=False,
             callback=_remember,
             help="Kubeconfig context to use.",
+        ),
+        GlobalOption(
+            ["-s", "--server"],
+            metavar="URL",
+            expose_value=False,
+            callback=_remember,
+            help="The API server's address, instead of the kubeconfig's.",
+        ),
+        GlobalOption(
+            ["--token"],
+            metavar="TOKEN",
+            expose_value=False,
+            callback=_remember,
+            help="Bearer token to authenticate with, instead of the kubeconfig's.",
+        ),
+        GlobalOption(
+            ["--as", "impersonate"],
+            metavar="USER",
+            expose_value=False,
+            callback=_remember,
+            help="Act as this user (impersonation, which you must be allowed).",
+        ),
+        GlobalOption(
+            ["--as-group", "impersonate_groups"],
+            metavar="GROUP",
+            multiple=True,
+            expose_value=False,
+            callback=_remember,
+            help="Act in this group too (repeatable; needs --as).",
         ),
         GlobalOption(
             ["-n", "--namespace"],
@@ -107,14 +145,22 @@ def global_params() -> list[click.Parameter]:
             metavar="DURATION",
             expose_value=False,
             callback=_duration,
-            help=f"How long to wait, as a Go duration (default {DEFAULT_TIMEOUT}).",
+            help=f"How long to follow a run, as a Go duration (default {DEFAULT_TIMEOUT}); "
+            "with -w, how long to watch (default: until interrupted).",
         ),
         GlobalOption(
             ["-o", "--output"],
             type=click.Choice(OUTPUT_FORMATS),
             expose_value=False,
             callback=_remember,
-            help="Output format (default table).",
+            help="Output format (default table; name: only kind/name, as kubectl's).",
+        ),
+        GlobalOption(
+            ["--no-headers"],
+            is_flag=True,
+            expose_value=False,
+            callback=_remember,
+            help="Tables without their header line.",
         ),
         GlobalOption(
             ["--no-color"],
@@ -135,14 +181,29 @@ class GlobalOptions:
     # None: not given; waits use DEFAULT_TIMEOUT, watches run until interrupted.
     timeout: timedelta | None = None
     output: OutputFormat = "table"
+    no_headers: bool = False
     no_color: bool = False
+    server: str | None = None
+    token: str | None = None
+    impersonate: str | None = None
+    impersonate_groups: tuple[str, ...] = ()
 
     @classmethod
     def from_context(cls, ctx: click.Context) -> GlobalOptions:
         given: dict[str, Any] = dict(ctx.find_root().meta.get(_META_KEY, {}))
         if "timeout" in given:
             given["timeout"] = parse_duration(given["timeout"])
+        if "impersonate_groups" in given:
+            given["impersonate_groups"] = tuple(given["impersonate_groups"])
         return cls(**given)
+
+    def client_overrides(self) -> ClientOverrides:
+        try:
+            return ClientOverrides(
+                self.server, self.token, self.impersonate, self.impersonate_groups
+            )
+        except ValueError as exc:
+            raise click.UsageError(f"--as-group: {exc}") from None
 
 
 class CommandFailed(click.ClickException):
@@ -186,7 +247,11 @@ class Session:
 
     @cached_property
     def kube(self) -> Kube:
-        return Kube.connect(self.options.kubeconfig, self.options.context)
+        return Kube.connect(
+            self.options.kubeconfig,
+            self.options.context,
+            overrides=self.options.client_overrides(),
+        )
 
     @cached_property
     def namespace(self) -> str:
@@ -226,6 +291,19 @@ class Session:
             self.kube.close()
 
     # -- output ---------------------------------------------------------------------------
+
+    def print_table(
+        self, headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, header: bool = True
+    ) -> None:
+        """A kubectl-style table (``render.format_table``); ``--no-headers`` drops the
+        header line, as does ``header=False`` (rows that continue a printed table)."""
+        self.print_lines(format_table(headers, rows, header=header and not self.options.no_headers))
+
+    def print_names(self, resource: Resource, names: Iterable[str]) -> None:
+        """``-o name``: one ``<kind>.<group>/<name>`` per object, as kubectl prints them."""
+        kind = resource.kind.lower()
+        prefix = f"{kind}.{resource.group}" if resource.group else kind
+        self.print_lines(f"{prefix}/{name}" for name in names)
 
     def print_lines(self, lines: Iterable[Text | str]) -> None:
         for line in lines:

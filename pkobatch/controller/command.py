@@ -31,7 +31,8 @@ def _default(field: str) -> object:
     return f"{value:g}" if isinstance(value, float) else value
 
 
-@click.command("controller")
+# Internal: hidden from `pkobatch --help` (the Deployment runs it).
+@click.command("controller", hidden=True)
 @click.option("--kubeconfig", help="kubeconfig file [env PKOBATCH_KUBECONFIG; default: in-cluster]")
 @click.option("--context", help="kubeconfig context [env PKOBATCH_CONTEXT]")
 @click.option(

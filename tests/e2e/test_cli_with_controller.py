@@ -1,5 +1,6 @@
-"""`pkobatch up|preview|refresh|destroy|reconcile|cancel --wait` through the real controller,
-real Jobs and the real Pulumi CLI (the node agent runs the run pods on this host).
+"""`pkobatch up|preview|refresh|destroy|reconcile|cancel|resume`, following their runs,
+through the real controller, real Jobs and the real Pulumi CLI (the node agent runs the run
+pods on this host).
 
 The controller runs as a subprocess (`python -m pkobatch.main controller`), watching only
 the test's namespace; runs execute `python -m pkobatch.main job run` with this interpreter,
@@ -217,6 +218,28 @@ def test_reconcile_waits_for_ready(
 
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("up succeeded: ")
+
+
+def test_resume_runs_the_stack_at_once_and_follows_the_run(
+    cli: Callable[..., Result],
+    kube: Kube,
+    namespace: str,
+    make_stack: Callable[..., JSON],
+    controller: Any,
+) -> None:
+    make_stack("web")
+    first = wait_for_first_run(kube, namespace, "web")["status"]["lastUpdate"]["name"]
+    suspended = cli("suspend", "web")
+    assert suspended.exit_code == 0, suspended.output
+
+    # Nothing changed since the first run: only the request makes the controller run it.
+    result = cli("resume", "web")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"up succeeded: {namespace}/web (run ")
+    stack = kube.get(STACKS, "web", namespace)
+    assert stack["spec"]["suspend"] is False
+    assert stack["status"]["lastUpdate"]["name"] != first
 
 
 def test_cancel_stops_a_running_run(

@@ -30,6 +30,12 @@ from pkobatch import __version__
 from pkobatch.api.run import RunResult, StackRef
 from pkobatch.cli.reference import user_group
 from pkobatch.dev.controlplane import ControlPlane
+from pkobatch.dev.kubeconfig import (
+    kubeconfig,
+    request_token,
+    service_account_user,
+    write_kubeconfig,
+)
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -302,6 +308,24 @@ def test_get_filters_and_formats(
     assert [namespace, "gamma"] in rows
 
 
+def test_get_names_and_tables_without_headers(
+    cli: Callable[..., Result], three_stacks: None, namespace: str
+) -> None:
+    names = cli("get", "-o", "name")
+    one = cli("get", "beta", "-o", "name")
+    rows = cli("get", "--no-headers", "-l", "team=a")
+    wide = cli("get", "-o", "wide", "--no-headers", "-A", "--status-selector", "suspended=true")
+
+    assert names.stdout == "stack.pulumi.com/alpha\nstack.pulumi.com/beta\nstack.pulumi.com/gamma\n"
+    assert one.stdout == "stack.pulumi.com/beta\n"
+    assert [line.split()[:2] for line in rows.stdout.splitlines()] == [
+        ["alpha", "org/p/alpha"],
+        ["beta", "org/p/beta"],
+    ]
+    assert [namespace, "gamma"] in [line.split()[:2] for line in wide.stdout.splitlines()]
+    assert "NAMESPACE" not in wide.stdout
+
+
 def test_get_with_nothing_found_says_so_on_stderr(
     cli: Callable[..., Result], namespace: str
 ) -> None:
@@ -410,6 +434,8 @@ def test_describe_outputs_history_logs_and_events(
     logs_last = cli("logs", "web")
     logs_first = cli("logs", "web", "--run", "web-up-1", "-f")
     events = cli("events", "web", "-o", "json")
+    history_names = cli("history", "web", "-o", "name")
+    history_rows = cli("history", "web", "--no-headers")
 
     assert described.exit_code == 0, described.output
     text = described.stdout
@@ -433,6 +459,11 @@ def test_describe_outputs_history_logs_and_events(
     assert records["web-up-1"]["durationSeconds"] == 42.0
     assert records["web-up-1"]["pulumiVersion"] == "3.259.0"
     assert records["web-up-2"]["result"] == "failed"
+    assert history_names.stdout == "job.batch/web-up-2\njob.batch/web-up-1\n"
+    assert [line.split()[0] for line in history_rows.stdout.splitlines()] == [
+        "web-up-2",
+        "web-up-1",
+    ]
 
     assert logs_last.exit_code == 0, logs_last.output
     assert logs_last.stdout == "boom\n"
@@ -650,14 +681,59 @@ def test_suspend_and_resume(
     cli: Callable[..., Result], kube: Kube, namespace: str, three_stacks: None
 ) -> None:
     suspended = cli("suspend", "alpha")
-    resumed = cli("resume", "--all", "-o", "json")
+    assert kube.get(STACKS, "alpha", namespace)["spec"]["suspend"] is True
+    resumed = cli("resume", "--all", "--no-wait", "-o", "json")
 
     assert suspended.stdout == f"stack {namespace}/alpha suspended\n"
-    assert [entry["name"] for entry in json.loads(resumed.stdout)] == ["alpha", "beta", "gamma"]
+    outcomes = json.loads(resumed.stdout)
+    assert [(o["name"], o["operation"], o["result"]) for o in outcomes] == [
+        (name, "resume", "requested") for name in ("alpha", "beta", "gamma")
+    ]
+    for outcome in outcomes:
+        stack = kube.get(STACKS, outcome["name"], namespace)
+        assert stack["spec"]["suspend"] is False
+        # As `flux resume`: a run of the normal operation is requested in the same write.
+        annotations = stack["metadata"]["annotations"]
+        assert annotations["pulumi.com/reconciliation-request"] == outcome["request"]
     alpha = kube.get(STACKS, "alpha", namespace)
-    assert alpha["spec"]["suspend"] is False
     managers = {m["manager"] for m in alpha["metadata"]["managedFields"]}
     assert "pkobatch-cli" in managers
+
+
+def test_every_operation_follows_its_run_unless_told_not_to(
+    cli: Callable[..., Result], kube: Kube, namespace: str
+) -> None:
+    """Without a controller nobody answers: following ends at --timeout with exit 1, on a
+    terminal or not (CliRunner's stdout is none). --no-wait only requests, --wait changes
+    nothing."""
+    make_stack(kube, namespace, "web")
+    make_stack(kube, namespace, "paused", suspend=True)
+    make_stack(kube, namespace, "busy")
+    set_status(kube, namespace, "busy", {"currentUpdate": {"name": "busy-up-1", "generation": 1}})
+    make_stack(kube, namespace, "gated", approval={"required": True})
+    set_status(kube, namespace, "gated", {"approval": {"planID": "plan-1", "state": "Pending"}})
+    commands = {
+        "up": ["up", "web"],
+        "preview": ["preview", "web"],
+        "refresh": ["refresh", "web"],
+        "destroy": ["destroy", "web", "--yes"],
+        "reconcile": ["reconcile", "web"],
+        "cancel": ["cancel", "busy"],
+        "resume": ["resume", "paused"],
+        "approve": ["approve", "gated", "--yes"],
+        "reject": ["reject", "gated"],
+    }
+
+    for label, args in commands.items():
+        followed = cli(*args, "--timeout", "1s")
+        also_followed = cli(*args, "--wait", "--timeout", "1s")
+        requested = cli(*args, "--no-wait", "-o", "json")
+
+        for result in (followed, also_followed):
+            assert result.exit_code == 1, (label, result.output)
+            assert f"timed out after 1s waiting for {label} {namespace}/" in result.stderr, label
+        assert requested.exit_code == 0, (label, requested.output)
+        assert json.loads(requested.stdout)["result"] == "requested", label
 
 
 # -- completion -------------------------------------------------------------------------------
@@ -701,8 +777,10 @@ def _deployment(
     namespace: str,
     name: str = "pkobatch-controller",
     extra_labels: dict[str, str] | None = None,
+    env: list[JSON] | None = None,
 ) -> None:
     labels = {"app.kubernetes.io/name": "pkobatch", **(extra_labels or {})}
+    container: JSON = {"name": "controller", "image": "pkobatch/runner:9.8.7", "env": env or []}
     kube.create(
         DEPLOYMENTS,
         {
@@ -714,9 +792,7 @@ def _deployment(
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [{"name": "controller", "image": "pkobatch/runner:9.8.7"}]
-                    },
+                    "spec": {"containers": [container]},
                 },
             },
         },
@@ -724,12 +800,17 @@ def _deployment(
     )
 
 
+def checks_of(result: Result) -> dict[str, JSON]:
+    """`check -o json`'s checks by name."""
+    return {c["check"]: c for c in json.loads(result.stdout)}
+
+
 def test_check_with_a_leader(cli: Callable[..., Result], kube: Kube, namespace: str) -> None:
     _lease(kube, namespace, datetime.now(UTC))
 
     result = cli("check", "--controller-namespace", namespace, "-o", "json")
 
-    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    checks = checks_of(result)
     assert result.exit_code == 0, result.output
     assert checks["api server"]["result"] == "ok"
     assert checks["crd"] == {
@@ -754,12 +835,14 @@ def test_check_names_each_controller_shard_without_a_leader(
             "app.kubernetes.io/component": "controller-shard",
             "pkobatch.io/controller-shard": shard,
         }
-        _deployment(kube, namespace, f"pkobatch-controller-{shard}", shard_labels)
+        # With leader election, as deploy/kustomize/shard runs a shard.
+        election = [{"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "value": "true"}]
+        _deployment(kube, namespace, f"pkobatch-controller-{shard}", shard_labels, election)
     _lease(kube, namespace, datetime.now(UTC), "pkobatch-controller-blue")
 
     result = cli("check", "--controller-namespace", namespace, "-o", "json")
 
-    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    checks = checks_of(result)
     assert result.exit_code == 1, result.output
     assert checks["controller leader"]["result"] == "ok"
     assert checks["shard blue leader"]["result"] == "ok"
@@ -768,6 +851,32 @@ def test_check_names_each_controller_shard_without_a_leader(
         f"no Lease {namespace}/pkobatch-controller-green"
         in (checks["shard green leader"]["detail"])
     )
+
+
+def test_check_passes_a_ready_controller_without_leader_election(
+    cli: Callable[..., Result], kube: Kube, namespace: str
+) -> None:
+    off = [{"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "value": "false"}]
+    _deployment(kube, namespace, env=off)
+    # The Deployment controller is not part of the test control plane: its status is set here.
+    kube.merge_patch(
+        DEPLOYMENTS,
+        "pkobatch-controller",
+        {"status": {"replicas": 1, "readyReplicas": 1}},
+        namespace,
+        subresource="status",
+    )
+
+    result = cli("check", "--controller-namespace", namespace, "-o", "json")
+
+    checks = checks_of(result)
+    assert result.exit_code == 0, result.output
+    assert checks["controller deployment"]["result"] == "ok"
+    assert checks["controller leader"] == {
+        "check": "controller leader",
+        "result": "ok",
+        "detail": "none needed: leader election is off (PKOBATCH_LEADER_ELECTION__ENABLED)",
+    }
 
 
 def test_check_without_a_controller_fails(cli: Callable[..., Result], namespace: str) -> None:
@@ -798,6 +907,71 @@ def test_check_and_get_as_a_user_without_rights(
         (line,) = result.stderr.splitlines()
         assert line.startswith("Error: forbidden: ")
         assert "system:serviceaccount:" in line and "`pkobatch check`" in line
+
+
+def test_connection_options_impersonate_and_replace_server_and_token(
+    cli: Callable[..., Result], cluster: Any, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    runner = service_account_user(namespace, "pkobatch-runner")
+    make_stack(kube, namespace, "web")
+    # A kubeconfig whose server is wrong and whose user has no credentials.
+    ca = cluster.control_plane.pki.ca_cert.read_bytes()
+    nowhere = write_kubeconfig(
+        tmp_path / "nowhere", kubeconfig("https://127.0.0.1:1", ca, "nobody", {})
+    )
+    token = request_token(kube, namespace, "pkobatch-runner")
+
+    as_runner = cli("get", "--as", runner)
+    as_two_groups = cli(
+        "get", "-o", "name", "--as", "jane", "--as-group", "x", "--as-group", "system:masters"
+    )
+    only_one_group = cli("get", "--as", "jane", "--as-group", "x")
+    with_token = cli("get", "--server", cluster.server, "--token", token, kubeconfig=nowhere)
+    unreachable = cli("get", kubeconfig=nowhere)
+
+    for refused, user in ((as_runner, runner), (only_one_group, '"jane"'), (with_token, runner)):
+        assert refused.exit_code == 1, refused.output
+        (line,) = refused.stderr.splitlines()
+        assert line.startswith("Error: forbidden: ") and user in line, line
+    # Each group is its own Impersonate-Group header: system:masters is one of them.
+    assert as_two_groups.exit_code == 0, as_two_groups.output
+    assert as_two_groups.stdout == "stack.pulumi.com/web\n"
+    assert "cannot reach the Kubernetes API server at https://127.0.0.1:1" in unreachable.stderr
+
+
+def test_logs_of_the_controller_pods(
+    cli: Callable[..., Result], kube: Kube, namespace: str, python_job: Callable[..., JSON]
+) -> None:
+    """Pods labelled as deploy/ labels the controller (and a shard); a run's pod is not."""
+    for name, component in (("main", "controller"), ("shard", "controller-shard")):
+        body = python_job(
+            name, f"print('{name} one'); print('{name} two')", container={"name": "controller"}
+        )
+        labels = {"app.kubernetes.io/name": "pkobatch", "app.kubernetes.io/component": component}
+        body["spec"]["template"]["metadata"] = {"labels": labels}
+        kube.create(JOBS, body, namespace)
+    run_job(kube, python_job, namespace, "web-up-1", "web", "up", "print('a run')")
+    for job in ("main", "shard", "web-up-1"):
+        finished(kube, namespace, job)
+
+    everything = cli("logs", "--controller", "--controller-namespace", namespace)
+    last = cli("logs", "--controller", "--controller-namespace", namespace, "--tail", "1")
+    elsewhere = cli("logs", "--controller")
+
+    assert everything.exit_code == 0, everything.output
+    lines = everything.stdout.splitlines()
+    assert sorted(re.sub(r"^\[pod/(\w+)-\w+\] ", r"\1: ", line) for line in lines) == [
+        "main: main one",
+        "main: main two",
+        "shard: shard one",
+        "shard: shard two",
+    ]
+    assert sorted(line.split("] ")[1] for line in last.stdout.splitlines()) == [
+        "main two",
+        "shard two",
+    ]
+    assert elsewhere.exit_code == 1
+    assert "no controller pod in namespace" in elsewhere.stderr
 
 
 def test_version(cli: Callable[..., Result], kube: Kube, namespace: str) -> None:
@@ -891,3 +1065,32 @@ def test_kubectl_runs_pkobatch_as_a_plugin(cluster: Any, kube: Kube, namespace: 
     assert [item["metadata"]["name"] for item in json.loads(got.stdout)["items"]] == [
         "plugin-stack"
     ]
+
+
+def test_kubectl_completes_the_plugin_stack_names_included(
+    cluster: Any, kube: Kube, namespace: str, three_stacks: None
+) -> None:
+    """kubectl's own completion asks kubectl_complete-pkobatch (installed with pkobatch)."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "kubectl_complete-pkobatch").is_file(), "pip install -e . installs it"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(cluster.state_dir)}
+
+    def complete(*words: str) -> list[str]:
+        done = subprocess.run(
+            [str(bin_dir / "kubectl"), "__complete", "pkobatch", *words],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    flags = ["--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    assert complete("comp") == [
+        "completion\tPrint the shell completion script (bash, zsh, fish).",
+        ":4",
+    ]
+    assert complete("describe", *flags, "") == ["alpha", "beta", "gamma", ":4"]
+    assert complete("resume", *flags, "g") == ["gamma", ":4"]

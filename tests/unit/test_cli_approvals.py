@@ -11,6 +11,7 @@ from pkobatch.cli.approvals import (
     chosen_plan,
     pending_record,
     plan_lines,
+    rejection_progress,
 )
 from pkobatch.cli.session import CommandFailed
 
@@ -74,3 +75,16 @@ def test_a_replaced_plan_ends_the_wait_as_superseded() -> None:
     progress = approval_progress(stack("Pending", plan="plan-new"), PLAN)
     assert progress.done and progress.failed_reason == "Superseded"
     assert "plan-new" in progress.message
+
+
+def test_a_rejection_is_done_when_the_controller_records_it() -> None:
+    waiting = rejection_progress(stack("Pending"), PLAN)
+    rejected = rejection_progress(stack("Rejected", message="rejected by x"), PLAN)
+    approved_first = rejection_progress(stack("Approved", updateJob="web-up-1"), PLAN)
+    replaced = rejection_progress(stack("Pending", plan="plan-other"), PLAN)
+
+    assert (waiting.done, rejected.done) == (False, True)
+    assert (rejected.phase, rejected.failed_reason) == ("Succeeded", "")
+    assert (approved_first.done, approved_first.failed_reason) == (True, "Approved")
+    assert approved_first.job_name == "web-up-1"
+    assert (replaced.done, replaced.failed_reason) == (True, "Superseded")

@@ -3,16 +3,24 @@ and the one-line errors for a cluster that cannot be reached."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
 import pytest
 import yaml
+from click.shell_completion import get_completion_class
 from click.testing import CliRunner
 
 from pkobatch.cli.commands import USER_COMMANDS
+from pkobatch.cli.completion import kubectl_completions
 from pkobatch.cli.reference import cli_reference, user_group
 from pkobatch.cli.session import GlobalOptions, Session, command, global_params
+from pkobatch.main import build_cli
+
+BIN = Path(sys.executable).parent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,6 +82,8 @@ probe_group.params.extend(global_params())
 def probe() -> None:
     options = Session.current().options
     click.echo(f"{options.namespace} {options.output} {options.timeout} {options.all_namespaces}")
+    overrides = options.client_overrides()
+    click.echo(f"{overrides.server_url()} {overrides.headers()} {options.no_headers}")
 
 
 probe_group.add_command(probe)
@@ -85,10 +95,27 @@ def test_global_options_work_before_and_after_the_command(runner: CliRunner) -> 
     both = runner.invoke(probe_group, ["-n", "a", "-o", "yaml", "probe", "-n", "b"])
     defaults = runner.invoke(probe_group, ["probe"])
 
-    assert before.output == "a json None False\n"
-    assert after.output == "b table 0:01:30 True\n"
-    assert both.output == "b yaml None False\n"
-    assert defaults.output == "None table None False\n"
+    assert before.output.splitlines()[0] == "a json None False"
+    assert after.output.splitlines()[0] == "b table 0:01:30 True"
+    assert both.output.splitlines()[0] == "b yaml None False"
+    assert defaults.output == "None table None False\nNone () False\n"
+
+
+def test_connection_options_are_kubectls(runner: CliRunner) -> None:
+    given = runner.invoke(
+        probe_group,
+        ["--as", "jane", "--as-group", "a", "probe", "--as-group", "b", "-s", "10.0.0.1:6443"],
+    )
+    headers = runner.invoke(probe_group, ["probe", "--no-headers", "--server", "https://k:1"])
+    groups_alone = runner.invoke(probe_group, ["probe", "--as-group", "admins"])
+
+    # The command's own copy of an option wins over the group's, as for every global option.
+    assert given.output.splitlines()[1] == (
+        "https://10.0.0.1:6443 (('Impersonate-User', 'jane'), ('Impersonate-Group', 'b')) False"
+    )
+    assert headers.output.splitlines()[1] == "https://k:1 () True"
+    assert groups_alone.exit_code == 2
+    assert "impersonating groups needs a user to impersonate (--as)" in groups_alone.output
 
 
 @pytest.mark.parametrize(
@@ -102,6 +129,10 @@ def test_global_options_work_before_and_after_the_command(runner: CliRunner) -> 
         (["describe", "web", "-o", "json"], "does not support -o json"),
         (["logs", "web", "-o", "yaml"], "does not support -o yaml"),
         (["schedule", "web", "--next", "0"], "0 is not in the range"),
+        (["outputs", "web", "-o", "name"], "does not support -o name"),
+        (["logs"], "give a Stack NAME, or --controller"),
+        (["logs", "web", "--controller"], "--controller takes no NAME and no --run"),
+        (["completion", "tcsh"], "'tcsh' is not one of"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -168,3 +199,78 @@ def test_colour_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert flagged.out.no_color and flagged.err.no_color
     assert from_env.out.no_color and from_env.err.no_color
+
+
+def test_internal_commands_work_but_are_not_in_the_user_help(runner: CliRunner) -> None:
+    cli = build_cli()
+    listed = runner.invoke(cli, ["--help"])
+    # The first word of each line of the Commands section (descriptions wrap with more
+    # indentation).
+    section = listed.output.split("Commands:\n")[1].splitlines()
+    commands = [line.split()[0] for line in section if line.startswith("  ") and line[2] != " "]
+
+    assert {"get", "up", "completion", "crds"} <= set(commands)
+    assert not {"job", "controller", "dev"} & set(commands)
+    for internal in ("job", "controller", "dev"):
+        own = runner.invoke(cli, [internal, "--help"], prog_name="pkobatch")
+        assert own.exit_code == 0, own.output
+        assert own.output.startswith(f"Usage: pkobatch {internal} ")
+
+
+def test_completion_prints_clicks_script_for_each_shell(runner: CliRunner) -> None:
+    cli = build_cli()
+    for shell in ("bash", "zsh", "fish"):
+        printed = runner.invoke(cli, ["completion", shell])
+        completion = get_completion_class(shell)
+        assert completion is not None
+        assert printed.exit_code == 0, printed.output
+        assert printed.output == completion(cli, {}, "pkobatch", "_PKOBATCH_COMPLETE").source()
+
+
+def test_bash_completes_with_the_printed_script() -> None:
+    """The script in a real bash, calling the installed pkobatch as a completion does."""
+    script = subprocess.run(
+        [BIN / "pkobatch", "completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    probe = script + (
+        "\nCOMP_WORDS=(pkobatch re); COMP_CWORD=1; _pkobatch_completion pkobatch; "
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+        "COMP_WORDS=(pkobatch get --no-h); COMP_CWORD=2; COMPREPLY=(); "
+        '_pkobatch_completion pkobatch; printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+
+    done = subprocess.run(
+        ["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "reconcile",
+        "refresh",
+        "reject",
+        "resume",
+        "--no-headers",
+    ]
+
+
+def test_kubectl_completions_answer_in_cobras_format() -> None:
+    cli = build_cli()
+
+    commands = kubectl_completions(cli, ["re"])
+    flags = kubectl_completions(cli, ["get", "--no-h"])
+    kubeconfig = kubectl_completions(cli, ["get", "--kubeconfig", ""])
+
+    assert commands.splitlines() == [
+        "reconcile\tRe-run a Stack's normal operation now and wait for Ready.",
+        "refresh\tRun `pulumi refresh` on Stacks now.",
+        "reject\tDiscard the plan awaiting approval; nothing runs until something changes.",
+        "resume\tLet suspended Stacks run again, and run them now.",
+        ":4",
+    ]
+    assert flags.splitlines() == ["--no-headers\tTables without their header line.", ":4"]
+    assert kubeconfig == ":0\n"  # a file name: the shell completes it

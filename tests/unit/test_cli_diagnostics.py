@@ -14,6 +14,7 @@ from pkobatch.cli.diagnostics import (
     controller_image,
     crd_differences,
     image_tag,
+    leader_election,
     lease_state,
 )
 
@@ -112,6 +113,29 @@ def test_every_user_command_has_its_permissions_checked() -> None:
     from pkobatch.cli.commands import USER_COMMANDS
 
     covered = {name.strip() for names in COMMAND_PERMISSIONS for name in names.split(",")}
-    cluster_free = {"check", "version"}
+    cluster_free = {"check", "version", "completion"}
 
     assert {c.name for c in USER_COMMANDS} - cluster_free == covered
+
+
+def deployment(*env: dict[str, str], env_from: bool = False) -> dict[str, object]:
+    container: dict[str, object] = {"name": "controller", "env": list(env)}
+    if env_from:
+        container["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    return {"spec": {"template": {"spec": {"containers": [container]}}}}
+
+
+def test_leader_election_is_read_from_the_controllers_environment() -> None:
+    on = {"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "value": "true"}
+    off = {"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "value": "0"}
+    referenced = {"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "valueFrom": {"x": {}}}
+
+    assert leader_election(deployment(on)) is True
+    assert leader_election(deployment({**on, "value": " Yes"})) is True
+    assert leader_election(deployment(off)) is False
+    # Unset: the controller's default, off.
+    assert leader_election(deployment({"name": "OTHER", "value": "1"})) is False
+    # The Deployment does not say.
+    assert leader_election(deployment(referenced)) is None
+    assert leader_election(deployment(env_from=True)) is None
+    assert leader_election(deployment(off, env_from=True)) is False
