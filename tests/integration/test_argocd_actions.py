@@ -2,8 +2,9 @@
 them (tests/health_checks.py) on Stacks read from the real API server.
 
 Each action must send exactly the merge patch the pkobatch command of the same name writes
-(``pkobatch.cli.requests``' patch builders, so the two cannot drift), refuse what that
-command refuses, and the patch must apply to the real Stack. The argocd-cm snippet is
+(``pkobatch.cli.requests``' patch builders, so the two cannot drift) with values the
+controller accepts (``api.annotations``' rules), refuse what that command refuses, and the
+patch must apply to the real Stack. The argocd-cm snippet is
 installed with the command docs/gitops.md gives, with the real kubectl.
 """
 
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from health_checks import ArgoCDActions
 
+from pkobatch.api.annotations import RULE_OF
 from pkobatch.api.constants import (
     APPROVE_ANNOTATION,
     OPERATION_REQUEST_ANNOTATION,
@@ -87,6 +89,13 @@ def checked_token(token: str, before: datetime) -> str:
     return token
 
 
+def accepted(patch: JSON) -> JSON:
+    """``patch``, after checking the controller acts on each annotation it writes."""
+    for key, value in ((patch.get("metadata") or {}).get("annotations") or {}).items():
+        assert RULE_OF[key].problem(value) is None, (key, value)
+    return patch
+
+
 def test_the_snippet_holds_every_action(actions: ArgoCDActions) -> None:
     assert set(actions.definitions) == ALL_ACTIONS
 
@@ -130,7 +139,7 @@ def test_operations_write_what_the_cli_writes(
     stack = make_stack("web")
     before = datetime.now(UTC)
 
-    patch = actions.patch(operation, stack)
+    patch = accepted(actions.patch(operation, stack))
 
     value = patch["metadata"]["annotations"][OPERATION_REQUEST_ANNOTATION]
     token = checked_token(split_request(value)[1], before)
@@ -145,7 +154,7 @@ def test_reconcile_suspend_and_resume_write_what_the_cli_writes(
     stack = make_stack("web")
     before = datetime.now(UTC)
 
-    reconcile = actions.patch("reconcile", stack)
+    reconcile = accepted(actions.patch("reconcile", stack))
     token = checked_token(
         reconcile["metadata"]["annotations"][RECONCILE_REQUEST_ANNOTATION], before
     )
@@ -156,7 +165,7 @@ def test_reconcile_suspend_and_resume_write_what_the_cli_writes(
     suspended = kube.merge_patch(STACKS, "web", suspend, namespace)
     assert suspended["spec"]["suspend"] is True
 
-    resume = actions.patch("resume", suspended)
+    resume = accepted(actions.patch("resume", suspended))
     token = checked_token(resume["metadata"]["annotations"][RECONCILE_REQUEST_ANNOTATION], before)
     assert resume == resume_patch(token)
     resumed = kube.merge_patch(STACKS, "web", resume, namespace)
@@ -173,8 +182,8 @@ def test_approve_and_reject_name_the_pending_plan(
         status={"approval": {"planID": PLAN, "state": "Pending"}},
     )
 
-    assert actions.patch("approve", stack) == annotation_patch(APPROVE_ANNOTATION, PLAN)
-    assert actions.patch("reject", stack) == annotation_patch(REJECT_ANNOTATION, PLAN)
+    assert accepted(actions.patch("approve", stack)) == annotation_patch(APPROVE_ANNOTATION, PLAN)
+    assert accepted(actions.patch("reject", stack)) == annotation_patch(REJECT_ANNOTATION, PLAN)
 
 
 def test_actions_refuse_what_the_cli_refuses(
