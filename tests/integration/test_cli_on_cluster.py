@@ -52,6 +52,7 @@ RUN_LABELS = {"app.kubernetes.io/managed-by": "pkobatch"}
 SHA = "0123456789abcdef0123456789abcdef01234567"
 HOUR_AGO = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 HOUR_AGO_TEXT = HOUR_AGO.strftime("%Y-%m-%dT%H:%M:%SZ")
+PLAN_ID = "plan-0123456789abcdef0123"
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -711,7 +712,7 @@ def test_every_operation_follows_its_run_unless_told_not_to(
     make_stack(kube, namespace, "busy")
     set_status(kube, namespace, "busy", {"currentUpdate": {"name": "busy-up-1", "generation": 1}})
     make_stack(kube, namespace, "gated", approval={"required": True})
-    set_status(kube, namespace, "gated", {"approval": {"planID": "plan-1", "state": "Pending"}})
+    set_status(kube, namespace, "gated", {"approval": {"planID": PLAN_ID, "state": "Pending"}})
     commands = {
         "up": ["up", "web"],
         "preview": ["preview", "web"],
