@@ -32,7 +32,7 @@ Conventions, as in `kubectl` and `flux`:
 - Data goes to stdout, progress, run output while waiting, warnings and errors to stderr,
   so `pkobatch get -o json | jq` always works. `-o name` prints `stack.pulumi.com/<name>`
   (`get`) or `job.batch/<run>` (`history`) per line, and `--no-headers` leaves the header
-  line out of every table.
+  line out of every table a command prints (not out of `describe`'s sections).
 - One wait rule, as `flux reconcile`'s: every command that asks for a run (`up`,
   `preview`, `refresh`, `destroy`, `reconcile`, `cancel`, `approve`, `reject`, `resume`)
   follows it to its end by default — the run's output on stderr, the result on stdout,
