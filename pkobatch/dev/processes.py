@@ -7,8 +7,10 @@ SIGKILL, where no Python cleanup runs. Because the death signal follows the *thr
 children only from threads that live at least as long as the child.
 
 The death signal is set by util-linux's ``setpriv --pdeathsig``, which then execs the
-program in its place. Setting it from a ``preexec_fn`` instead makes Python fork rather than
-vfork, and a forked child runs the fork handlers of every library loaded in the owner:
+program in its place; ``spawn`` returns once that exec has happened, so an owner killed
+right after it still takes the child along. Setting it from a ``preexec_fn`` instead makes
+Python fork rather than vfork, and a forked child runs the fork handlers of every library
+loaded in the owner:
 grpcio's (loaded with Pulumi's SDK) once aborted a child before its exec (SIGABRT, a
 kube-apiserver restarted by a test "exiting" with -6). Without ``setpriv`` the
 ``preexec_fn`` is the fallback.
@@ -114,9 +116,27 @@ def spawn(
     finally:
         if close_after and not isinstance(handle, int):
             handle.close()
+    if preexec is None:
+        _wait_for_exec(process.pid)
     with _live_lock:
         _live[process.pid] = process
     return process
+
+
+def _wait_for_exec(pid: int, timeout: float = 10.0) -> None:
+    """Return once ``setpriv`` has set the death signal and exec'd the program (the process
+    no longer runs ``setpriv``), so an owner killed right after ``spawn`` still takes the
+    child with it; before that, nothing would."""
+    assert _SETPRIV is not None
+    setpriv = os.path.realpath(_SETPRIV)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{pid}/exe") != setpriv:
+                return
+        except OSError:
+            return  # already gone: its exit status tells the caller
+        time.sleep(0.001)
 
 
 def signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
