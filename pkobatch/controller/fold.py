@@ -24,6 +24,9 @@ never before, whatever ConfigMap exists by then:
 - the Job's pod has not been able to start for ``POD_START_LIMIT`` (image pull errors, a
   container that cannot be created, no node for it): that cause, and the Job is deleted
   so the retry is not blocked — rather than an hour of waiting for the Job's deadline;
+- a spec change (new generation) came while the Job's sync run had not started its
+  ``pulumi`` container (``superseded``, ``run_not_started``): ``Superseded``, and ``plan``
+  deletes the Job so the new spec runs at once, as PKO does;
 - the Job vanished (deleted by someone, garbage-collected): ``Interrupted``;
 - the Job controller cannot create its pod (a missing ServiceAccount, a ResourceQuota, an
   admission webhook or policy): ``PodCreationFailed`` with the API server's words, taken
@@ -265,14 +268,61 @@ def _newest(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")))
 
 
-def pod_status_matters(job: Mapping[str, Any], now: datetime) -> bool:
+def superseded(job: Mapping[str, Any], generation: int) -> bool:
+    """The unfinished Job runs a sync of an older generation of its Stack's spec: a spec
+    change came after it started, and replaces it if its run has not started yet."""
+    run = Run.from_job(job)
+    return (
+        run is not None
+        and run.kind == "sync"
+        and run.generation < generation
+        and not job_finished(job)
+        and not job_deleting(job)
+    )
+
+
+def run_not_started(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool:
+    """No pod of the unfinished Job has started its ``pulumi`` container (pending, waiting
+    for its image, a Secret it names, or a node), so deleting it interrupts no Pulumi
+    operation. Pulumi runs in that container only: a user's init container still running
+    is no start."""
+    if job_finished(job) or (job.get("status") or {}).get("ready"):
+        return False
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+            return False
+        for container in (pod.get("status") or {}).get("containerStatuses") or ():
+            if container.get("name") != CONTAINER_NAME:
+                continue
+            for state in (container.get("state") or {}, container.get("lastState") or {}):
+                if state.get("running") or state.get("terminated"):
+                    return False
+    return True
+
+
+def superseded_outcome(job_name: str, generation: int, now: datetime) -> Outcome:
+    return Outcome(
+        "failed",
+        "Superseded",
+        f"run {job_name} had not started when the Stack's spec changed (generation "
+        f"{generation}): it was deleted so the new spec runs at once",
+        now,
+    )
+
+
+def pod_status_matters(job: Mapping[str, Any], now: datetime, generation: int = 0) -> bool:
     """Whether the Job's pods must be read: it has finished (its pod vouches for its result,
-    ``trusted_result``, and tells why a run without one failed), or it runs but its pod has
-    not become ready within ``POD_START_LIMIT``."""
+    ``trusted_result``, and tells why a run without one failed), it runs but its pod has
+    not become ready within ``POD_START_LIMIT``, or a spec change of ``generation``
+    supersedes it (``run_not_started`` decides whether it is replaced)."""
     if job_finished(job):
         return True
     status = job.get("status") or {}
-    if job_deleting(job) or status.get("ready") or not status.get("active"):
+    if job_deleting(job) or status.get("ready"):
+        return False
+    if superseded(job, generation):
+        return True
+    if not status.get("active"):
         return False
     created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
     return created is not None and now - created >= POD_START_LIMIT

@@ -16,9 +16,10 @@ The current Job's pods are listed (by the Job controller's label, one small ``li
 the Job has finished — its result is folded only if its pod vouches for it
 (``fold.trusted_result``), and its pod's status tells why a run without one failed (OOMKilled,
 evicted, deadline) — and while it runs only when its pod has not become ready for
-``fold.POD_START_LIMIT`` (image pull errors, unschedulable): ``fold.pod_status_matters``. So
-a run costs one list when it is folded. A list that fails fails the reconcile, which is
-retried, rather than folding a genuine result as untrusted.
+``fold.POD_START_LIMIT`` (image pull errors, unschedulable) or a spec change supersedes it
+(whether its pod has started decides if the new spec replaces it):
+``fold.pod_status_matters``. So a run costs one list when it is folded. A list that fails
+fails the reconcile, which is retried, rather than folding a genuine result as untrusted.
 
 When the current Job still has no pod some seconds after its creation
 (``fold.job_without_pod``), the Job controller may be unable to create one. Its reason is
@@ -168,7 +169,7 @@ class Observer:
             failure = self._failed_create(job)
             if failure:
                 pod_creation_failures[current] = failure
-        if job is not None and pod_status_matters(job, now):
+        if job is not None and pod_status_matters(job, now, int(meta.get("generation") or 0)):
             run_pods[current] = self._pods_of(job)
 
         source = None

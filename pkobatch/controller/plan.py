@@ -20,7 +20,10 @@ Order of the decision, which is also the order of priority:
    succeeded.
 3. **Operation requests** (``pkobatch.io/operation-request: <op>:<token>``, see
    docs/operations.md), handled once each, acknowledged in ``status.operationRequest``.
-4. **One run at a time.** While any Job of the Stack is active, nothing else starts.
+4. **One run at a time.** While any Job of the Stack is active, nothing else starts —
+   except that a spec change (new generation) replaces a sync run whose pod has not
+   started its ``pulumi`` container (pending, image pull failure, missing Secret), as PKO
+   does: that run is folded as ``Superseded`` and its Job deleted in the foreground.
 5. **Suspend**, **invalid spec**, **source** (branch head), **hold after a requested
    destroy**, **prerequisites** (a cycle among them stalls).
 6. **PKO's sync decision** (``isSynced``): initial run, new generation, new reconcile
@@ -138,6 +141,9 @@ from pkobatch.controller.fold import (
     job_without_pod,
     pod_creation_outcome,
     pod_start_outcome,
+    run_not_started,
+    superseded,
+    superseded_outcome,
     vanished_outcome,
 )
 from pkobatch.controller.jobs import (
@@ -608,6 +614,19 @@ class _Planner:
         # A run whose pod cannot be created, or cannot start: its Job must go so the retry
         # is not blocked by it.
         stuck = None if outcome is not None else pod_start_outcome(job, pods, self.now)
+        if (
+            outcome is None
+            and stuck is None
+            and name in self.obs.run_pods
+            and superseded(job, self.generation)
+            and run_not_started(job, pods)
+        ):
+            # A spec change replaces a run that has not started, as PKO does. Foreground:
+            # should its pod start at this very moment, the Job stays (and blocks the new
+            # run) until that pod is gone, as for a cancelled run.
+            uid = str(job["metadata"].get("uid") or "")
+            self.result.delete_jobs.append(JobDeletion(name, uid, foreground=True))
+            outcome = superseded_outcome(name, self.generation, self.now)
         if outcome is None and stuck is None and job_without_pod(job, self.now):
             failure = self.obs.pod_creation_failures.get(name)
             if not failure:

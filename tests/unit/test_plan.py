@@ -26,7 +26,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef, result_digest_line
 from pkobatch.config import Settings
-from pkobatch.controller.fold import POD_START_LIMIT
+from pkobatch.controller.fold import POD_START_LIMIT, pod_status_matters
 from pkobatch.controller.jobs import Run, builtin_template
 from pkobatch.controller.plan import Observed, Plan, SourceHead, SourceObject, plan
 from pkobatch.runner.result import result_config_map, result_labels
@@ -863,6 +863,96 @@ def test_only_one_run_at_a_time() -> None:
     result = world.step()
     assert result.create_job is not None
     assert world.status["currentUpdate"]["generation"] == 2
+
+
+def waiting_pod(name: str, reason: str) -> dict[str, Any]:
+    """A run's pod whose ``pulumi`` container has not started, for ``reason``."""
+    return {
+        "metadata": {"name": f"{name}-abcde", "creationTimestamp": rfc3339(START)},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "pulumi", "state": {"waiting": {"reason": reason, "message": "x"}}}
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        [],
+        [waiting_pod("app", "ContainerCreating")],
+        [waiting_pod("app", "CreateContainerConfigError")],
+        [waiting_pod("app", "ImagePullBackOff")],
+    ],
+    ids=["no pod yet", "pending", "missing Secret", "image pull failure"],
+)
+def test_a_spec_change_replaces_a_run_that_has_not_started(pods: list[dict[str, Any]]) -> None:
+    world = World()
+    world.step()
+    first = world.current_job()
+    world.jobs[first]["status"]["active"] = 1 if pods else 0
+    # The observer reads a young Job's pods only once a spec change supersedes it.
+    assert not pod_status_matters(world.jobs[first], world.now, 1)
+    world.edit_spec(config={"x": "1"})
+    assert pod_status_matters(world.jobs[first], world.now, 2)
+    world.run_pods = {first: pods}
+    result = world.step()
+    assert [(d.name, d.foreground) for d in result.delete_jobs] == [(first, True)]
+    last = world.status["lastUpdate"]
+    assert (last["name"], last["state"], last["reason"]) == (first, "failed", "Superseded")
+    assert "currentUpdate" not in world.status
+    # Its pod may still be stopping: the new run waits until the Job is gone.
+    assert result.create_job is None
+    assert "waiting for run" in world.condition("Reconciling")["message"]
+    world.run_pods = {}
+    assert world.step().create_job is None
+    world.jobs.pop(first)
+    result = world.step()
+    assert result.create_job is not None
+    assert world.status["currentUpdate"]["generation"] == 2
+
+
+def test_a_spec_change_leaves_a_started_run_to_finish() -> None:
+    world = World()
+    world.step()
+    first = world.current_job()
+    world.jobs[first]["status"]["active"] = 1
+    world.edit_spec(config={"x": "1"})
+    running = waiting_pod(first, "")
+    running["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "pulumi", "state": {"running": {}}}],
+    }
+    world.run_pods = {first: [running]}
+    result = world.step()
+    assert not result.delete_jobs and result.create_job is None
+    assert world.current_job() == first and "lastUpdate" not in world.status
+
+
+def test_a_started_pulumi_container_counts_even_before_the_job_reports_it_ready() -> None:
+    world = World()
+    world.step()
+    first = world.current_job()
+    world.jobs[first]["status"]["active"] = 1
+    world.edit_spec(config={"x": "1"})
+    restarted = waiting_pod(first, "CrashLoopBackOff")
+    restarted["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1}}
+    world.run_pods = {first: [restarted]}
+    result = world.step()
+    assert not result.delete_jobs and world.current_job() == first
+
+
+def test_a_run_without_a_spec_change_is_not_replaced() -> None:
+    world = World()
+    world.step()
+    first = world.current_job()
+    world.jobs[first]["status"]["active"] = 1
+    world.run_pods = {first: [waiting_pod(first, "CreateContainerConfigError")]}
+    world.advance(60)
+    result = world.step()
+    assert not result.delete_jobs and world.current_job() == first
 
 
 def test_no_free_slot_waits() -> None:
