@@ -312,6 +312,62 @@ def test_deleted_job_or_pod_is_a_failed_run_and_a_retry(
     wait_stack(kube, namespace, "app", ready, timeout=300)
 
 
+def test_a_fixed_spec_replaces_a_run_stuck_on_a_missing_secret_at_once(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    broken = stack_spec(repo, pulumi_env)
+    # PKO's scenario: the workspace's env names a Secret that does not exist yet.
+    missing = {"secretKeyRef": {"name": "absent", "key": "x"}}
+    broken["workspaceTemplate"] = {"spec": {"env": [{"name": "EXTRA", "valueFrom": missing}]}}
+    apply_stack(kube, namespace, "app", broken)
+    stack = wait_stack(
+        kube, namespace, "app", lambda s: bool((s.get("status") or {}).get("currentUpdate"))
+    )
+    stuck = stack["status"]["currentUpdate"]["name"]
+
+    def waiting_reasons() -> set[str]:
+        pods = kube.list_objects(PODS, namespace, label_selector=f"job-name={stuck}")[0]
+        return {
+            str(((c.get("state") or {}).get("waiting") or {}).get("reason"))
+            for pod in pods
+            for c in (pod.get("status") or {}).get("containerStatuses") or ()
+        }
+
+    wait_until(
+        lambda: "CreateContainerConfigError" in waiting_reasons(),
+        timeout=120,
+        what="the run's pod stuck on the missing Secret",
+    )
+
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    # PKO's own test allows 30 s from the fix to the fixed spec's run (the start limit
+    # that would otherwise end the stuck run is 5 minutes).
+    wait_until(
+        lambda: (
+            [j["metadata"]["name"] for j in stack_jobs(kube, namespace, "app")] != [stuck]
+            and all(j["metadata"]["name"] != stuck for j in stack_jobs(kube, namespace, "app"))
+        ),
+        timeout=30,
+        what="the fixed spec's run in place of the stuck one",
+    )
+    stack = wait_stack(kube, namespace, "app", ready, timeout=300)
+    update = last_update(stack)
+    assert update["state"] == "succeeded" and update["generation"] == 2
+    wait_events(
+        kube,
+        namespace,
+        lambda e: f"run {stuck} had not started when the Stack's spec changed" in e.get("note", ""),
+    )
+    # Exactly one run after the stuck one: the fixed spec's.
+    assert len(stack_jobs(kube, namespace, "app")) == 1
+
+
 def test_no_secret_value_leaks(
     controller: ControllerProcess,
     cluster: Any,
