@@ -20,10 +20,18 @@ The controller trusts a result only when the run's own pod vouches for it: as it
 the runner writes ``result_digest_line`` — the SHA-256 of the exact ``result.json`` text — to
 its container's termination message file, which the kubelet copies into the pod's status,
 where no namespace user can write (``digest_in_message`` reads it back; docs/security.md).
+
+A run whose ServiceAccount may not write ConfigMaps (a PKO manifest grants it nothing of
+pkobatch's) sends its result through that same channel instead: ``inline_result_message``,
+``pkobatch.io/result/v1 gz:<base64 of gzip of result.json>``, at most
+``MAX_TERMINATION_MESSAGE_BYTES`` (the kubelet keeps no more); ``result_in_message`` reads it
+back, and the controller creates the result ConfigMap from it.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import json
 from collections.abc import Mapping
@@ -59,8 +67,12 @@ JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # Job builder sets both to the same path; the local node agent maps it to a file of its own).
 TERMINATION_MESSAGE_PATH_ENV: Final = "PKOBATCH_TERMINATION_MESSAGE_PATH"
 TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
-# The one line of a run's termination message: this prefix, then "sha256:<hex>".
+# The one line of a run's termination message: this prefix, then "sha256:<hex>" (the result
+# is in its ConfigMap) or "gz:<base64>" (the result itself).
 RESULT_DIGEST_PREFIX: Final = "pkobatch.io/result/v1 "
+INLINE_RESULT_MARK: Final = "gz:"
+# The kubelet cuts a termination message to 4096 bytes.
+MAX_TERMINATION_MESSAGE_BYTES: Final = 4096
 
 
 def snapshot_sha256(text: str) -> str:
@@ -80,9 +92,29 @@ def result_digest_line(text: str) -> str:
 def digest_in_message(message: str) -> str:
     """The result digest a termination message names; "" when it is not a run's digest line."""
     line = message.strip()
-    if "\n" in line or not line.startswith(RESULT_DIGEST_PREFIX):
+    if "\n" in line or not line.startswith(RESULT_DIGEST_PREFIX + "sha256:"):
         return ""
     return line.removeprefix(RESULT_DIGEST_PREFIX)
+
+
+def inline_result_message(text: str) -> str:
+    """The termination message that carries ``result.json`` (``text``) itself; it may be
+    longer than ``MAX_TERMINATION_MESSAGE_BYTES``: the caller makes the result fit."""
+    packed = base64.b64encode(gzip.compress(text.encode("utf-8"), mtime=0)).decode("ascii")
+    return f"{RESULT_DIGEST_PREFIX}{INLINE_RESULT_MARK}{packed}\n"
+
+
+def result_in_message(message: str) -> str:
+    """The ``result.json`` a termination message carries; "" when it carries none (or a
+    damaged one, which then counts as none)."""
+    line = message.strip()
+    if "\n" in line or not line.startswith(RESULT_DIGEST_PREFIX + INLINE_RESULT_MARK):
+        return ""
+    packed = line.removeprefix(RESULT_DIGEST_PREFIX + INLINE_RESULT_MARK)
+    try:
+        return gzip.decompress(base64.b64decode(packed, validate=True)).decode("utf-8")
+    except (ValueError, OSError, EOFError):
+        return ""
 
 
 def split_snapshot(text: str, part_bytes: int = SNAPSHOT_PART_BYTES) -> list[str]:

@@ -194,6 +194,9 @@ class Actor:
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
             resource_version = self._replaced(namespace, name, resource_version, updated)
+        for result in plan.create_results:
+            with contextlib.suppress(AlreadyExists):
+                self._kube.create(CONFIGMAPS, result, namespace)
         if plan.status is not None:
             patch = merge_patch(stack.get("status") or {}, plan.status)
             if patch:

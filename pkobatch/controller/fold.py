@@ -77,6 +77,7 @@ from pkobatch.api.run import (
     RunState,
     digest_in_message,
     result_digest,
+    result_in_message,
 )
 from pkobatch.api.stack import Condition
 from pkobatch.api.status import (
@@ -401,19 +402,26 @@ def read_result(
     text = (configmap.get("data") or {}).get(RESULT_KEY)
     if not text:
         return None, f"ConfigMap {meta.get('name')} has no {RESULT_KEY}"
+    return _parse_result(text, job, stack_uid, f"{RESULT_KEY} of {meta.get('name')}")
+
+
+def _parse_result(
+    text: str, job: Mapping[str, Any], stack_uid: str, where: str
+) -> tuple[RunResult | None, str]:
+    """``text`` as the result of ``job``; else a problem naming ``where`` it came from."""
     try:
         result = RunResult.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
+        field = ".".join(str(part) for part in first["loc"])
         return None, (
-            f"{RESULT_KEY} of {meta.get('name')} is not a result this controller understands "
-            f"({where}: {first['msg']}); make sure the runner image matches the controller"
+            f"{where} is not a result this controller understands "
+            f"({field}: {first['msg']}); make sure the runner image matches the controller"
         )
-    if result.job_name != job_meta.get("name") or (
+    if result.job_name != (job.get("metadata") or {}).get("name") or (
         stack_uid and result.stack.uid and result.stack.uid != stack_uid
     ):
-        return None, f"{RESULT_KEY} of {meta.get('name')} was written for another run; ignored"
+        return None, f"{where} was written for another run; ignored"
     return result, ""
 
 
@@ -427,27 +435,44 @@ def result_text_digest(configmap: Mapping[str, Any]) -> str:
     return result_digest(text) if isinstance(text, str) else ""
 
 
-def vouched_digests(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str] | None:
-    """The result digests the pods of ``job`` reported when their run container ended (the
+def _termination_messages(
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+) -> list[str] | None:
+    """What the run container of each pod of ``job`` left as its termination message (the
     kubelet copies its termination message file into the pod's status); None when no pod of
     the Job is left."""
     uid = (job.get("metadata") or {}).get("uid")
-    digests: set[str] | None = None
+    messages: list[str] | None = None
     for pod in pods:
         owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
         if not any(
             o.get("kind") == "Job" and o.get("uid") == uid and o.get("controller") for o in owners
         ):
             continue
-        if digests is None:
-            digests = set()
+        if messages is None:
+            messages = []
         for container in (pod.get("status") or {}).get("containerStatuses") or ():
             terminated = (container.get("state") or {}).get("terminated") or {}
             if container.get("name") == CONTAINER_NAME and terminated.get("message"):
-                digest = digest_in_message(str(terminated["message"]))
-                if digest:
-                    digests.add(digest)
-    return digests
+                messages.append(str(terminated["message"]))
+    return messages
+
+
+def vouched_digests(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> set[str] | None:
+    """The result digests the pods of ``job`` reported when their run container ended; None
+    when no pod of the Job is left."""
+    messages = _termination_messages(job, pods)
+    if messages is None:
+        return None
+    return {digest for digest in map(digest_in_message, messages) if digest}
+
+
+def inline_result(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
+    """The ``result.json`` a pod of ``job`` sent in its termination message, because its run
+    may not write the result ConfigMap ("" when none did)."""
+    messages = _termination_messages(job, pods) or ()
+    texts = [text for text in map(result_in_message, messages) if text]
+    return texts[-1] if texts else ""
 
 
 def trusted_result(
@@ -456,8 +481,14 @@ def trusted_result(
     stack_uid: str,
     pods: Sequence[Mapping[str, Any]],
 ) -> tuple[RunResult | None, str]:
-    """The run's result if ``configmap`` is the result the pod of ``job`` wrote and vouched
-    for; else why it is not ("" when there is no ConfigMap)."""
+    """The run's result if the pod of ``job`` sent it in its termination message, or if
+    ``configmap`` is the result the pod wrote and vouched for; else why it is not ("" when
+    there is no ConfigMap). The pod's own report comes first: the kubelet wrote it, and a
+    ConfigMap beside it is the one the controller created from it (or a forgery)."""
+    text = inline_result(job, pods)
+    if text:
+        job_name = (job.get("metadata") or {}).get("name")
+        return _parse_result(text, job, stack_uid, f"the result the pod of run {job_name} sent")
     result, problem = read_result(configmap, job, stack_uid)
     if result is None or configmap is None:
         return None, problem

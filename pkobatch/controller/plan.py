@@ -170,6 +170,7 @@ from pkobatch.controller.schedule import (
     next_schedule_times,
     scheduled_run_due,
 )
+from pkobatch.runner.result import result_config_map, result_labels
 
 # How often to look again while waiting on something that sends no event of its own.
 PREREQUISITE_RECHECK: Final = 30.0
@@ -300,6 +301,9 @@ class Plan:
     run: Run | None = None
     delete_jobs: list[JobDeletion] = field(default_factory=list)
     delete_results: list[str] = field(default_factory=list)
+    # Result ConfigMaps of runs that sent their result in their pod's termination message
+    # (they may not write it): created before the status that folds them.
+    create_results: list[JSON] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     # Prerequisite Stack name -> new value of its reconciliation-request annotation.
     prerequisite_requests: dict[str, str] = field(default_factory=dict)
@@ -646,6 +650,19 @@ class _Planner:
                 # Look at its pod when it may have been unable to start for too long.
                 self._requeue_in(max(created + POD_START_LIMIT - self.now, POD_CREATION_RECHECK))
             return False
+        if outcome.result is not None and name not in self.obs.results:
+            # Its pod sent the result itself: the ConfigMap keeps it for history, as the
+            # runner's would have.
+            labels = (job.get("metadata") or {}).get("labels") or {}
+            self.result.create_results.append(
+                result_config_map(
+                    outcome.result,
+                    name=name,
+                    namespace=self.namespace,
+                    labels=result_labels(labels, self.name, outcome.result.operation),
+                    job_uid=str(job["metadata"].get("uid") or ""),
+                )
+            )
         started = parse_time((job.get("status") or {}).get("startTime"))
         self._fold(self._run_of(name, job), name, outcome, started)
         return True

@@ -139,5 +139,11 @@ def run_job(
         return EXIT_NO_RESULT
     finally:
         writer.close()
-    log.step(f"result written to ConfigMap {snapshot.stack.namespace}/{writer.name}")
+    if writer.inline:
+        log.step(
+            "the run may not write its result ConfigMap: the result is in the container's "
+            "termination message, and the controller writes the ConfigMap"
+        )
+    else:
+        log.step(f"result written to ConfigMap {snapshot.stack.namespace}/{writer.name}")
     return status

@@ -15,7 +15,10 @@ of its name that is not this run's own (a forgery, a left-over) is deleted and t
 created instead. Then the runner vouches for it: the digest of ``result.json`` goes to the
 container's termination message file (``TERMINATION_MESSAGE_PATH_ENV``, else
 ``/dev/termination-log``), which the kubelet copies into the pod's status; the controller
-folds only a result that matches it (docs/security.md).
+folds only a result that matches it (docs/security.md). A run the API server forbids to
+write the ConfigMap (its ServiceAccount has no pkobatch rights, as in PKO's manifests)
+writes the result itself there instead (``fitted_result_message``), and the controller
+creates the ConfigMap.
 
 Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff:
 reading the Job a few times, writing the result for as long as the run may (minutes: an API
@@ -49,13 +52,14 @@ from pkobatch.kube.client import (
     SECRETS,
     AlreadyExists,
     Conflict,
+    Forbidden,
     Kube,
     KubeError,
     NotFound,
     Resource,
 )
 from pkobatch.runner.exports import ExportFailed, ExportTargetObject
-from pkobatch.runner.result import result_config_map, result_labels
+from pkobatch.runner.result import fitted_result_message, result_config_map, result_labels
 
 MAX_ATTEMPTS: Final = 6
 FIRST_BACKOFF_SECONDS: Final = 0.5
@@ -226,6 +230,8 @@ class ResultWriter:
         # From the pod's label (downward API); the Job read, when it succeeds, confirms it.
         self.job_uid = job_uid
         self.job: dict[str, Any] | None = None
+        # The result went into the termination message, not a ConfigMap (``write``).
+        self.inline = False
 
     def _retrying(
         self, what: str, call: Callable[[Kube], Any], time_limit: float, max_attempts: int
@@ -281,9 +287,18 @@ class ResultWriter:
                 f"the run replaced it ({_REPLACE_ATTEMPTS} times); find who writes it"
             )
 
-        self._retrying(f"writing {where}", put, time_limit, _UNTIL_TIME_RUNS_OUT)
         try:
-            self.termination_log.write_text(result_digest_line(body["data"][RESULT_KEY]))
+            self._connection.retrying(put, time_limit, max_attempts=_UNTIL_TIME_RUNS_OUT)
+            last_word = result_digest_line(body["data"][RESULT_KEY])
+        except Forbidden:
+            # The run's ServiceAccount has no rights of pkobatch's (a PKO manifest's): the
+            # result itself goes to the controller through the pod's status.
+            last_word = fitted_result_message(result)
+            self.inline = True
+        except KubeError as error:
+            raise ResultNotWritten(f"writing {where}: {error}") from None
+        try:
+            self.termination_log.write_text(last_word)
         except OSError as error:
             raise ResultNotWritten(
                 f"{where} was written, but its digest could not be written to the termination "

@@ -4,6 +4,11 @@ Size: a result must fit ``MAX_RESULT_BYTES`` (far below the 1 MiB object limit) 
 most ``MAX_RESULT_OUTPUTS`` outputs. When it does not, outputs go first — kept in key order
 while they fit — then the list of secret output keys; the result says ``truncated: true`` and
 its message tells how many were kept. The message is already bounded by ``MAX_MESSAGE_CHARS``.
+
+A result sent in the termination message (``fitted_result_message``: the run may not write
+its ConfigMap) must fit ``MAX_TERMINATION_MESSAGE_BYTES`` compressed: it is cut the same way
+to ever fewer bytes until it does; state, reason, commit, times and the start of the message
+always stay, so the Stack's status still records what happened.
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ from pkobatch.api.constants import (
     SHARD_LABEL,
     STACK_LABEL,
 )
-from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
+from pkobatch.api.run import (
+    MAX_RESULT_BYTES,
+    MAX_RESULT_OUTPUTS,
+    MAX_TERMINATION_MESSAGE_BYTES,
+    RunResult,
+    inline_result_message,
+)
 
 # Step operations that mean "the real resource differs from the state" in a refresh.
 _NOT_DRIFT: Final = frozenset({"same", "read"})
@@ -97,6 +108,29 @@ def bound_result(
     if _size(bounded) > max_bytes:  # only a pathological message could get here
         bounded = bare.model_copy(update={"message": note})
     return bounded
+
+
+def fitted_result_message(result: RunResult) -> str:
+    """The termination message carrying ``result`` itself, made to fit
+    ``MAX_TERMINATION_MESSAGE_BYTES``: fewer outputs (``bound_result``, flagged and noted),
+    then none and a shorter message."""
+
+    def fits(message: str) -> bool:
+        return len(message.encode("utf-8")) <= MAX_TERMINATION_MESSAGE_BYTES
+
+    message = inline_result_message(result.to_json())
+    kept = len(result.outputs)
+    while not fits(message) and kept:
+        kept //= 2
+        message = inline_result_message(bound_result(result, max_outputs=kept).to_json())
+    bare = bound_result(result, max_outputs=0)
+    chars = len(bare.message)
+    while not fits(message) and chars:
+        chars //= 2
+        message = inline_result_message(
+            bare.model_copy(update={"message": bare.message[:chars]}).to_json()
+        )
+    return message
 
 
 def result_labels(job_labels: Mapping[str, str], stack_name: str, operation: str) -> dict[str, str]:

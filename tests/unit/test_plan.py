@@ -22,6 +22,8 @@ from pkobatch.api.constants import (
     OPERATION_REQUEST_ANNOTATION,
     RECONCILE_REQUEST_ANNOTATION,
     RESULT_KEY,
+    RESULT_LABEL,
+    STACK_LABEL,
 )
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
 from pkobatch.api.run import ProjectInfo, RunResult, StackRef, result_digest_line
@@ -29,7 +31,7 @@ from pkobatch.config import Settings
 from pkobatch.controller.fold import POD_START_LIMIT, pod_status_matters
 from pkobatch.controller.jobs import Run, builtin_template
 from pkobatch.controller.plan import Observed, Plan, SourceHead, SourceObject, plan
-from pkobatch.runner.result import result_config_map, result_labels
+from pkobatch.runner.result import fitted_result_message, result_config_map, result_labels
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SHA1 = "1" * 40
@@ -149,6 +151,8 @@ class World:
                 self.jobs.pop(deletion.name, None)
         for name in result.delete_results:
             self.results.pop(name, None)
+        for configmap in result.create_results:
+            self.results.setdefault(configmap["metadata"]["name"], copy.deepcopy(configmap))
         if result.create_job is not None:
             job = copy.deepcopy(result.create_job)
             name = job["metadata"]["name"]
@@ -202,10 +206,12 @@ class World:
         secret_outputs: list[str] | None = None,
         drifted: int | None = None,
         commit: str | None = None,
+        inline: bool = False,
         **fields: Any,
     ) -> str:
         """The run ends: its result written and vouched for by its pod (``fields``: more
-        of the result's), its Job finished."""
+        of the result's) — or, ``inline``, sent in its pod's termination message because
+        the run may not write it — its Job finished."""
         name = name or self.current_job()
         job = self.jobs[name]
         run = Run.from_job(job)
@@ -238,8 +244,11 @@ class World:
             job_uid=job["metadata"]["uid"],
         )
         configmap["metadata"]["creationTimestamp"] = rfc3339(self.now)
-        self.results[name] = configmap
-        vouched = result_digest_line(configmap["data"][RESULT_KEY])
+        if inline:
+            vouched = fitted_result_message(result)
+        else:
+            self.results[name] = configmap
+            vouched = result_digest_line(configmap["data"][RESULT_KEY])
         self.pods[name] = [run_pod(job, vouched, 0 if state == "succeeded" else 1)]
         kind = "Complete" if state == "succeeded" else "Failed"
         job["status"]["conditions"] = [
@@ -784,6 +793,38 @@ def test_a_run_whose_pod_cannot_pull_its_image_fails_after_the_limit() -> None:
     assert [e.reason for e in warnings] == ["StackUpdateFailure"]
     assert "runner:nope" in warnings[0].message
     assert world.condition("Reconciling")["reason"] == "RetryingAfterFailure"
+
+
+def test_a_result_sent_in_the_termination_message_is_folded_and_kept_in_its_config_map() -> None:
+    world = World()
+    world.step()
+    name = world.finish(inline=True, outputs={"url": "https://app.example"})
+    result = world.step()
+    last = world.status["lastUpdate"]
+    assert (last["name"], last["state"]) == (name, "succeeded")
+    assert world.status["outputs"] == {"url": "https://app.example"}
+    assert world.condition("Ready")["status"] == "True"
+    [configmap] = result.create_results
+    job = world.jobs[name]
+    assert configmap["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert configmap["metadata"]["labels"][STACK_LABEL] == "app"
+    assert configmap["metadata"]["labels"][RESULT_LABEL] == "succeeded"
+    assert json.loads(configmap["data"][RESULT_KEY])["outputs"] == {"url": "https://app.example"}
+    # Folded once: no second run, no second ConfigMap.
+    result = world.step()
+    assert result.create_job is None and not result.create_results
+
+
+def test_a_damaged_inline_result_is_no_result() -> None:
+    world = World()
+    world.step()
+    name = world.finish(inline=True)
+    pod = world.pods[name][0]
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        "pkobatch.io/result/v1 gz:bm90IGd6aXA="
+    )
+    result = world.step()
+    assert world.status["lastUpdate"]["state"] == "failed" and not result.create_results
 
 
 def test_completed_job_without_result_is_a_failure() -> None:

@@ -20,6 +20,7 @@ from pkobatch.api.run import (
     StackRef,
     digest_in_message,
     result_digest,
+    result_in_message,
     snapshot_sha256,
     split_snapshot,
 )
@@ -170,12 +171,15 @@ def test_a_configmap_created_again_each_time_fails_the_write_unvouched(
     assert not termination_log.exists()
 
 
-def test_forbidden_is_not_retried(termination_log: Path) -> None:
+def test_a_run_forbidden_to_write_its_result_sends_it_in_the_termination_message(
+    termination_log: Path,
+) -> None:
     kube = ScriptedKube([Forbidden(403, "Forbidden", "no")])
-    with pytest.raises(ResultNotWritten, match="Forbidden"):
-        writer(kube, termination_log).write(result())
-    assert kube.calls == ["create configmaps"]
-    assert not termination_log.exists()
+    w = writer(kube, termination_log)
+    w.write(result())
+    assert w.inline and not kube.created
+    sent = result_in_message(termination_log.read_text())
+    assert RunResult.model_validate_json(sent) == result()
 
 
 def test_a_result_that_cannot_be_vouched_for_is_not_written(tmp_path: Path) -> None:

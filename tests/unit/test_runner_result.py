@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from pulumi.automation.events import OpType
@@ -13,11 +14,19 @@ from pkobatch.api.constants import (
     RESULT_LABEL,
     STACK_LABEL,
 )
-from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult, StackRef
+from pkobatch.api.run import (
+    MAX_RESULT_BYTES,
+    MAX_RESULT_OUTPUTS,
+    MAX_TERMINATION_MESSAGE_BYTES,
+    RunResult,
+    StackRef,
+    result_in_message,
+)
 from pkobatch.runner.result import (
     bound_result,
     count_drift,
     find_permalink,
+    fitted_result_message,
     normalize_changes,
     result_config_map,
     result_labels,
@@ -138,3 +147,35 @@ def test_config_map_is_owned_by_the_job_and_holds_the_result() -> None:
     assert RunResult.model_validate_json(body["data"][RESULT_KEY]) == result
     unowned = result_config_map(result, name="n", namespace="ns", labels={}, job_uid=None)
     assert "ownerReferences" not in unowned["metadata"]
+
+
+def test_a_result_in_the_termination_message_fits_the_kubelets_4096_bytes() -> None:
+    # Random-looking values, so compression cannot make them fit.
+    outputs = {f"key{i:03}": hashlib.sha256(str(i).encode()).hexdigest() for i in range(300)}
+    result = make_result(
+        state="failed",
+        reason="ProgramError",
+        message="the update failed: " + "x" * 2000,
+        commit="c0ffee",
+        outputs=outputs,
+        secret_outputs=["key000"],
+    )
+    message = fitted_result_message(result)
+    assert len(message.encode()) <= MAX_TERMINATION_MESSAGE_BYTES
+    sent = RunResult.model_validate_json(result_in_message(message))
+    assert (sent.state, sent.reason, sent.commit) == ("failed", "ProgramError", "c0ffee")
+    assert sent.truncated and 0 < len(sent.outputs) < len(outputs)
+    assert sent.message.startswith("the update failed: ")
+    assert "result truncated" in sent.message
+
+
+def test_a_result_that_fits_is_sent_whole() -> None:
+    result = make_result(outputs={"url": "https://web.example"})
+    sent = RunResult.model_validate_json(result_in_message(fitted_result_message(result)))
+    assert sent == result and not sent.truncated
+
+
+def test_a_damaged_inline_result_reads_as_none() -> None:
+    message = fitted_result_message(make_result())
+    assert result_in_message(message[:-10]) == ""
+    assert result_in_message("pkobatch.io/result/v1 sha256:00") == ""
