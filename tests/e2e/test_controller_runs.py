@@ -42,6 +42,7 @@ from sentinels import plant
 from pkobatch.api.constants import (
     FINALIZER,
     OPERATION_REQUEST_ANNOTATION,
+    STACK_LABEL,
 )
 from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
@@ -701,6 +702,39 @@ def test_a_runner_that_cannot_read_its_job_still_owns_its_result(
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
     log = run_log(cluster, namespace, name)
     assert "could not read Job" in log and "owned by the Job's UID" in log
+
+
+def test_a_run_whose_service_account_has_no_role_binding_at_all_reaches_ready_once(
+    controller: ControllerProcess,
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    # A PKO manifest's ServiceAccount: nothing of pkobatch's bound to it (PKO #805).
+    account = "pko-workspace"
+    kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+        namespace,
+    )
+    repo = git_repo()
+    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, serviceAccountName=account))
+    stack = wait_stack(kube, namespace, "app", ready)
+    update = last_update(stack)
+    assert update["state"] == "succeeded" and update["failures"] == 0
+    assert stack["status"]["outputs"]["directory"] == str(pulumi_env.files_dir)
+    [job] = stack_jobs(kube, namespace, "app")  # exactly one update run
+    name = job["metadata"]["name"]
+    assert "termination message" in run_log(cluster, namespace, name)
+    # The controller wrote the result ConfigMap from the pod's report, as the runner would.
+    result = kube.get(CONFIGMAPS, name, namespace)
+    [owner] = result["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
+    assert result["metadata"]["labels"][STACK_LABEL] == "app"
+    assert json.loads(result["data"]["result.json"])["state"] == "succeeded"
 
 
 # -- stale Pulumi locks ----------------------------------------------------------------------
