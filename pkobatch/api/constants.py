@@ -100,6 +100,9 @@ STALLED_DESTROY_HELD_REASON: Final = "DestroyedOnRequest"
 STALLED_RECONCILE_ERROR_REASON: Final = "ReconcileError"
 # pkobatch: spec.prerequisites lead back to a Stack on the way (the message names the cycle).
 STALLED_PREREQUISITE_CYCLE_REASON: Final = "PrerequisiteCycle"
+# pkobatch: the run's ServiceAccount lacks a right a feature of the spec needs (the message
+# names verb, resource and namespace); found before any operation ran.
+STALLED_MISSING_PERMISSION_REASON: Final = "MissingPermission"
 
 # Result reasons written by the runner (closed set, docs/runner.md).
 ResultReason = Literal[
@@ -116,11 +119,13 @@ ResultReason = Literal[
     "JobFailed",
     # An approved up whose stack or program no longer matches the saved plan it was given.
     "PlanMismatch",
+    # The run's ServiceAccount lacks a right a feature of the spec needs (pkobatch.runner.rights).
+    "MissingPermission",
 ]
 RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
 # Failures a retry cannot fix (the spec, or the image, lacks something): the Stack stalls at
 # once and runs again only when its spec, source or reconcile request changes.
-PERMANENT_RESULT_REASONS: Final[frozenset[str]] = frozenset({"InvalidSpec"})
+PERMANENT_RESULT_REASONS: Final[frozenset[str]] = frozenset({"InvalidSpec", "MissingPermission"})
 
 # Event reasons (PKO's).
 EVENT_UPDATE_DETECTED: Final = "StackUpdateDetected"

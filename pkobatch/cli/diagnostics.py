@@ -39,6 +39,7 @@ from pkobatch.kube.client import (
     NotFound,
     Unreachable,
 )
+from pkobatch.kube.rbac import access_review
 
 CONTROLLER_NAMESPACE: Final = "pkobatch-system"
 CONTROLLER_NAME: Final = "pkobatch-controller"
@@ -296,20 +297,6 @@ def _leader_check(
         )
     since = human_duration(now - lease.renewed) if lease.renewed else "?"
     return Check(check, OK, f"{lease.holder} (renewed {since} ago)")
-
-
-def access_review(group: str, resource: str, verb: str, namespace: str | None) -> JSON:
-    resource_name, _, subresource = resource.partition("/")
-    attributes = {"group": group, "resource": resource_name, "verb": verb}
-    if subresource:
-        attributes["subresource"] = subresource
-    if namespace:
-        attributes["namespace"] = namespace
-    return {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": attributes},
-    }
 
 
 def _permission_checks(kube: Kube, namespace: str | None) -> list[Check]:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from pkobatch.api.objects import JSON
+
 ApiCall = tuple[str, str, str]
 """(API group, resource, verb), e.g. ``("batch", "jobs", "create")``."""
 
@@ -102,6 +104,8 @@ CONTROLLER_OWN_NAMESPACE_RESOURCES: Final[frozenset[tuple[str, str]]] = frozense
     {("coordination.k8s.io", "leases")}
 )
 
+# Not listed: the run's SelfSubjectAccessReviews (pkobatch.runner.rights), which every
+# authenticated user may create (Kubernetes' system:basic-user), so no role grants them.
 RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     # The run reads its own Job (labels and deadline; its UID also comes from the pod's label).
     ("batch", "jobs", "get"),
@@ -121,3 +125,19 @@ RUNNER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("", "secrets", "update"),
     ("", "secrets", "delete"),
 )
+
+
+def access_review(group: str, resource: str, verb: str, namespace: str | None) -> JSON:
+    """A SelfSubjectAccessReview of ``verb`` on ``resource`` (``name/subresource``) of
+    ``group`` in ``namespace`` (None: cluster-wide)."""
+    resource_name, _, subresource = resource.partition("/")
+    attributes = {"group": group, "resource": resource_name, "verb": verb}
+    if subresource:
+        attributes["subresource"] = subresource
+    if namespace:
+        attributes["namespace"] = namespace
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }

@@ -64,6 +64,7 @@ from pkobatch.runner.plans import (
 from pkobatch.runner.pulumi_start import PulumiStart, pulumi_command_failure
 from pkobatch.runner.redact import PASSPHRASE_FILE_ENV, PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
+from pkobatch.runner.rights import AccessReview, check_rights, needed_rights
 from pkobatch.runner.run_log import RunLog, scrubbed_output
 from pkobatch.runner.runtimes import (
     INSTALL_ARGS,
@@ -185,6 +186,8 @@ class _Run:
     outputs_sink: OutputsSink | None = None
     # Where saved plans go (spec.approval); None when there is no cluster.
     plan_store: PlanStore | None = None
+    # Asks the API server for the rights the spec's features need; None without a cluster.
+    access_review: AccessReview | None = None
     # The run's private directory (checkout, credential helpers, plan files).
     private: Path | None = None
     # The approved plan's file, for ``up --plan`` (spec.approval).
@@ -199,6 +202,7 @@ def execute(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     outputs_sink: OutputsSink | None = None,
     plan_store: PlanStore | None = None,
+    access_review: AccessReview | None = None,
 ) -> RunResult:
     """Run the snapshot's operation; the result is bounded and holds no secret value."""
     run = _Run(
@@ -209,6 +213,7 @@ def execute(
         started=now(),
         outputs_sink=outputs_sink,
         plan_store=plan_store,
+        access_review=access_review,
     )
     reason: ResultReason = "Succeeded"
     outcome = OperationOutput()
@@ -273,6 +278,7 @@ def _execute(run: _Run) -> OperationOutput:
             "InvalidSpec", "the Stack's spec is invalid:\n" + "\n".join(check.problems)
         )
     spec = check.spec
+    check_rights(needed_rights(snapshot, spec), run.access_review)
     if spec.environment:
         _check_environment_support(spec, env)
     credentials = (

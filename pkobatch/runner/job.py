@@ -109,6 +109,7 @@ def run_job(
             cancellation,
             outputs_sink=outputs_writer,
             plan_store=outputs_writer,
+            access_review=outputs_writer,
         )
     finally:
         if outputs_writer is not None:

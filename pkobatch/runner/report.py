@@ -50,6 +50,7 @@ from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
     SECRETS,
+    SELF_SUBJECT_ACCESS_REVIEWS,
     AlreadyExists,
     Conflict,
     Forbidden,
@@ -58,8 +59,10 @@ from pkobatch.kube.client import (
     NotFound,
     Resource,
 )
+from pkobatch.kube.rbac import access_review
 from pkobatch.runner.exports import ExportFailed, ExportTargetObject
 from pkobatch.runner.result import fitted_result_message, result_config_map, result_labels
+from pkobatch.runner.rights import Right
 
 MAX_ATTEMPTS: Final = 6
 FIRST_BACKOFF_SECONDS: Final = 0.5
@@ -402,6 +405,18 @@ class OutputsWriter:
             f"reading Secret {self.namespace}/{name}", read, "get on secrets"
         )
         return found
+
+    def allowed(self, right: Right) -> bool:
+        """A SelfSubjectAccessReview of ``right`` (``pkobatch.runner.rights``); True when the
+        API server cannot be asked: the call that needs the right then tells."""
+        review = access_review("", right.resource, right.verb, right.namespace)
+        try:
+            answer = self._connection.retrying(
+                lambda kube: kube.create(SELF_SUBJECT_ACCESS_REVIEWS, review), self.time_limit
+            )
+        except KubeError:
+            return True
+        return bool((answer.get("status") or {}).get("allowed"))
 
     def remove(self, target: ExportTargetObject, stack: StackRef) -> str:
         resource = self._resource(target.kind)

@@ -10,13 +10,13 @@ import pytest
 from pkobatch.api.crd import generate_crd
 from pkobatch.cli.diagnostics import (
     COMMAND_PERMISSIONS,
-    access_review,
     controller_image,
     crd_differences,
     image_tag,
     leader_election,
     lease_state,
 )
+from pkobatch.kube.rbac import access_review
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -543,6 +543,21 @@ def test_a_failure_retrying_cannot_fix_stalls_at_once_until_something_changes() 
     assert world.condition("Ready")["status"] == "True"
 
 
+def test_a_missing_permission_stalls_at_once_naming_it_until_something_changes() -> None:
+    world = World()
+    world.step()
+    message = "the run's ServiceAccount may not create secrets in namespace team"
+    world.finish(state="failed", reason="MissingPermission", message=message, inline=True)
+    result = world.step()
+    assert result.create_job is None and result.requeue_after is None
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "MissingPermission" and message in stalled["message"]
+    world.advance(86400)
+    assert world.step().create_job is None
+    world.annotate(RECONCILE_REQUEST_ANNOTATION, "granted")
+    assert world.step().create_job is not None
+
+
 def test_fixing_the_spec_recovers_a_stalled_stack() -> None:
     world = World(settings=Settings(retry={"max_failures": 1}))
     world.step()
