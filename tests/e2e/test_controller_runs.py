@@ -27,6 +27,7 @@ from controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
+    grant_role,
     last_update,
     literal,
     ready,
@@ -735,6 +736,55 @@ def test_a_run_whose_service_account_has_no_role_binding_at_all_reaches_ready_on
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
     assert result["metadata"]["labels"][STACK_LABEL] == "app"
     assert json.loads(result["data"]["result.json"])["state"] == "succeeded"
+
+
+def test_exports_without_the_rights_they_need_stall_naming_them_before_any_update(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    account = "pko-workspace"
+    kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+        namespace,
+    )
+    repo = git_repo()
+    spec = stack_spec(
+        repo,
+        pulumi_env,
+        serviceAccountName=account,
+        exportOutputs={"configMap": {"name": "app-outputs"}},
+    )
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: condition(s, "Stalled").get("reason") == "MissingPermission",
+    )
+    message = condition(stack, "Stalled")["message"]
+    for verb in ("create", "get", "update"):
+        assert f"{verb} configmaps in namespace {namespace} (for spec.exportOutputs)" in message
+    assert last_update(stack)["failures"] == 0
+    # No update ran: the program's files do not exist, and there was one run only.
+    assert not pulumi_env.files_dir.exists() or not any(pulumi_env.files_dir.iterdir())
+    assert len(stack_jobs(kube, namespace, "app")) == 1
+
+    # Granted the rights, the Stack runs again on request and exports.
+    grant_role(
+        kube,
+        namespace,
+        "exports",
+        [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "update"]}],
+        account,
+    )
+    request_reconcile(kube, namespace, "app", "granted")
+    wait_stack(kube, namespace, "app", lambda s: ready(s) and condition(s, "Stalled") == {})
+    assert kube.get(CONFIGMAPS, "app-outputs", namespace)["data"]
 
 
 # -- stale Pulumi locks ----------------------------------------------------------------------
