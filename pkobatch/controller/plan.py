@@ -9,8 +9,10 @@ never does I/O, so every rule below has unit tests.
 Order of the decision, which is also the order of priority:
 
 1. **Settle the current run.** ``status.currentUpdate`` names the Stack's Job. Once it has
-   finished, fold its result — only one its pod vouches for, ``fold.trusted_result`` — or
-   the reason it has none; if it has vanished, fold an ``Interrupted`` failure. With no
+   finished, fold its result — only one its pod vouches for, or sent itself in its
+   termination message (then the result ConfigMap is created here, ``create_results``),
+   ``fold.trusted_result`` — or the reason it has none; if it has vanished, fold an
+   ``Interrupted`` failure. With no
    current run but an active Job of this Stack (a crash between creating the Job and
    writing status), adopt that Job.
 2. **Deletion.** ``pkobatch.io/abandon: "true"`` drops the finalizer (any other value is
