@@ -59,6 +59,9 @@ SNAPSHOT_KEY: Final = "snapshot.json"
 # the environment about 2 MiB; a larger snapshot goes into ConfigMaps (1 MiB each at most).
 MAX_INLINE_SNAPSHOT_BYTES: Final = 64 * 1024
 SNAPSHOT_PART_BYTES: Final = 768 * 1024
+# PKO's dynamic environment: the file (dotenv lines) this variable names, which a template's
+# init container may write; the runner passes its variables to Pulumi (docs/runner.md).
+DYNAMIC_ENV_VAR: Final = "PULUMI_ENV"
 # The run's Job's UID, from the pod label the Job controller sets (downward API): the runner
 # owns its result by it without reading the Job.
 JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"

@@ -82,6 +82,7 @@ from pkobatch.api.objects import JSON
 from pkobatch.api.pod_security import Level, Violation, check_pod
 from pkobatch.api.program import program_revision, render_project
 from pkobatch.api.run import (
+    DYNAMIC_ENV_VAR,
     JOB_UID_ENV,
     JOB_UID_LABEL,
     MAX_INLINE_SNAPSHOT_BYTES,
@@ -135,6 +136,11 @@ ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
 
 # The runner bundle injected into runs whose image is not the runner image.
 BUNDLE_VOLUME: Final = "pkobatch-runner"
+# PKO's "share" volume, where its workspace pod keeps the dynamic environment file
+# ($PULUMI_ENV): templates written for PKO mount it by this name.
+SHARE_VOLUME: Final = "share"
+SHARE_MOUNT_PATH: Final = "/share"
+DYNAMIC_ENV_FILE: Final = f"{SHARE_MOUNT_PATH}/.env"
 BUNDLE_MOUNT_PATH: Final = "/pkobatch"
 # The init container copies the bundle directory here; its launcher is the run's command.
 INJECTED_BUNDLE: Final = f"{BUNDLE_MOUNT_PATH}/runner"
@@ -797,6 +803,7 @@ def build_run(
     ]
     runner["terminationMessagePath"] = TERMINATION_MESSAGE_PATH
     _replace_container(pod_template["spec"], runner)
+    _share_dynamic_env(pod_template["spec"])
     _check_pod_security(pod_template, settings.pod_security_level, template)
     return RunObjects(job, tuple(inputs))
 
@@ -921,6 +928,29 @@ def _with_named(items: list[JSON] | None, item: JSON, *, first: bool = False) ->
     """``items`` with ``item`` in place of the one of the same name, else added."""
     others = [i for i in items or [] if i.get("name") != item["name"]]
     return [item, *others] if first else [*others, item]
+
+
+def _share_dynamic_env(pod_spec: JSON) -> None:
+    """PKO's dynamic environment, so its manifests work unchanged: the ``share`` emptyDir
+    (unless a template defines that volume), mounted in the run container where PKO mounts
+    it, and ``$PULUMI_ENV`` naming the file on it in every container and init container, as
+    PKO sets it after merging the pod template."""
+    if not any(v.get("name") == SHARE_VOLUME for v in pod_spec.get("volumes") or []):
+        pod_spec["volumes"] = [
+            *(pod_spec.get("volumes") or []),
+            {"name": SHARE_VOLUME, "emptyDir": {}},
+        ]
+    runner = _pulumi_container(pod_spec)
+    mounts = runner.get("volumeMounts") or []
+    if not any(
+        m.get("name") == SHARE_VOLUME or m.get("mountPath") == SHARE_MOUNT_PATH for m in mounts
+    ):
+        runner["volumeMounts"] = [*mounts, {"name": SHARE_VOLUME, "mountPath": SHARE_MOUNT_PATH}]
+    _replace_container(pod_spec, runner)
+    variable = {"name": DYNAMIC_ENV_VAR, "value": DYNAMIC_ENV_FILE}
+    for kind in ("initContainers", "containers"):
+        for container in pod_spec.get(kind) or []:
+            container["env"] = _with_named(container.get("env"), variable)
 
 
 def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list[str]:

@@ -44,6 +44,7 @@ from pkobatch.api.stack import StackSpec, load_stack_spec
 from pkobatch.runner import git, locks
 from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.dynamic_env import read_dynamic_env
 from pkobatch.runner.exports import (
     ExportFailed,
     OutputsSink,
@@ -132,16 +133,18 @@ def known_secrets(
     env: Mapping[str, str],
     config: Mapping[str, ConfigItem],
     credentials: git.GitCredentials | None,
+    dynamic_env: Mapping[str, str],
 ) -> list[str | None]:
     """Every secret value a run knows before it starts (None: not given): git credentials,
     secret config values (secretsRef, inline secrets), the secret variables
-    (``secret_env_names``: envRefs of type Secret, Pulumi's passphrase and token, ...) and
-    the passphrase file's content."""
+    (``secret_env_names``: envRefs of type Secret, Pulumi's passphrase and token, ...), the
+    passphrase file's content and every value of the dynamic environment (``$PULUMI_ENV``)."""
     return [
         *(credentials.secrets() if credentials else []),
         *secret_values(config),
         *(env.get(name) for name in secret_env_names(snapshot, spec)),
-        _passphrase_from_file(env),
+        _passphrase_from_file({**env, **dynamic_env}),
+        *dynamic_env.values(),
     ]
 
 
@@ -287,13 +290,15 @@ def _execute(run: _Run) -> OperationOutput:
         else None
     )
     config = collect_config(spec, snapshot.config_from_env, env, snapshot.secrets_from_env)
-    log.redactor.add(*known_secrets(snapshot, spec, env, config, credentials))
+    dynamic_env = read_dynamic_env(env)
+    log.redactor.add(*known_secrets(snapshot, spec, env, config, credentials, dynamic_env))
     hidden = runner_only_env_names(snapshot)
     run.process_env = {name: value for name, value in env.items() if name not in hidden}
 
     cache_dir = cache_dir_from(env)
     home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache_dir)
-    pulumi_env = {**_pulumi_env(spec), **cache_environment(cache_dir, env)}
+    # The dynamic environment wins over the pod's, as PKO's agent sets it for Pulumi.
+    pulumi_env = {**_pulumi_env(spec), **dynamic_env, **cache_environment(cache_dir, env)}
     if home:
         pulumi_env["PULUMI_HOME"] = home
     with _private_dir(env) as private, PulumiStart({**run.process_env, **pulumi_env}) as pulumi:

@@ -504,8 +504,9 @@ def test_the_runner_image_runs_pkobatch_itself() -> None:
         assert container(job)["image"] == "pkobatch/runner:1"
         assert container(job)["command"] == ["pkobatch", "job", "run"]
         assert "initContainers" not in pod_spec(job)
-        assert "volumes" not in pod_spec(job)
-        assert "volumeMounts" not in container(job)
+        # Only PKO's share volume: no runner bundle.
+        assert pod_spec(job)["volumes"] == [{"name": "share", "emptyDir": {}}]
+        assert container(job)["volumeMounts"] == [{"name": "share", "mountPath": "/share"}]
 
 
 def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
@@ -526,7 +527,8 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
     assert runner["command"] == [INJECTED_RUNNER, "job", "run"]
     assert snapshot(job).operation == "up"  # the arguments are unchanged
     assert runner["volumeMounts"] == [
-        {"name": "pkobatch-runner", "mountPath": "/pkobatch", "readOnly": True}
+        {"name": "pkobatch-runner", "mountPath": "/pkobatch", "readOnly": True},
+        {"name": "share", "mountPath": "/share"},
     ]
     # The launcher of the bundle directory the init container copies into the volume.
     assert f"{INJECTED_BUNDLE}/pkobatch-runner" == INJECTED_RUNNER
@@ -535,7 +537,10 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
     assert runner["securityContext"]["runAsUser"] == 1000
     assert runner["securityContext"]["runAsGroup"] == 1000
     assert runner["securityContext"]["allowPrivilegeEscalation"] is False  # template kept
-    assert pod_spec(job)["volumes"] == [{"name": "pkobatch-runner", "emptyDir": {}}]
+    assert pod_spec(job)["volumes"] == [
+        {"name": "pkobatch-runner", "emptyDir": {}},
+        {"name": "share", "emptyDir": {}},
+    ]
     [init] = pod_spec(job)["initContainers"]
     assert init == {
         "name": "pkobatch-runner",
@@ -545,6 +550,7 @@ def test_another_image_runs_the_bundle_an_init_container_copies() -> None:
         "volumeMounts": [{"name": "pkobatch-runner", "mountPath": "/pkobatch"}],
         "securityContext": RESTRICTED,
         "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+        "env": [{"name": "PULUMI_ENV", "value": "/share/.env"}],  # as in every container
     }
 
 
@@ -611,8 +617,12 @@ def test_the_stacks_own_init_containers_and_volumes_are_kept() -> None:
         }
     )
     assert [c["name"] for c in pod_spec(job)["initContainers"]] == ["pkobatch-runner", "warm-cache"]
-    assert [v["name"] for v in pod_spec(job)["volumes"]] == ["cache", "pkobatch-runner"]
-    assert [m["name"] for m in container(job)["volumeMounts"]] == ["cache", "pkobatch-runner"]
+    assert [v["name"] for v in pod_spec(job)["volumes"]] == ["cache", "pkobatch-runner", "share"]
+    assert [m["name"] for m in container(job)["volumeMounts"]] == [
+        "cache",
+        "pkobatch-runner",
+        "share",
+    ]
 
 
 def test_a_user_named_by_a_template_is_kept() -> None:
@@ -724,6 +734,7 @@ def test_no_secret_values_can_be_in_a_job() -> None:
         assert "value" not in variable or variable["name"] in (
             "PKOBATCH_GRACE_PERIOD_SECONDS",
             "PKOBATCH_TERMINATION_MESSAGE_PATH",
+            "PULUMI_ENV",
         )
     assert json.dumps(job).count("secretKeyRef") == 3
 
@@ -910,3 +921,85 @@ def test_inputs_are_owned_by_their_job() -> None:
         }
     ]
     assert "ownerReferences" not in objects.inputs[0]["metadata"]
+
+
+# ---------------------------------------------------------------------------------------
+# PKO's dynamic environment ($PULUMI_ENV on the share volume)
+# ---------------------------------------------------------------------------------------
+
+
+def test_pkos_share_volume_and_pulumi_env_reach_every_container() -> None:
+    # The pod template of PKO's own test manifest (operator/e2e/testdata/issue-937).
+    writer = {
+        "name": "extra",
+        "image": "busybox",
+        "command": ["sh", "-c", "echo 'PULUMI_CONFIG_PASSPHRASE=test' >> $PULUMI_ENV"],
+        "volumeMounts": [{"name": "share", "mountPath": "/share"}],
+    }
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "image": PULUMI_IMAGE,
+                    "podTemplate": {
+                        "spec": {
+                            "initContainers": [writer],
+                            "containers": [
+                                {
+                                    "name": "pulumi",
+                                    "volumeMounts": [{"name": "state", "mountPath": "/state"}],
+                                }
+                            ],
+                            "volumes": [{"name": "state", "emptyDir": {}}],
+                        }
+                    },
+                }
+            }
+        }
+    )
+    spec = pod_spec(job)
+    assert {"name": "share", "emptyDir": {}} in spec["volumes"]
+    assert [v["name"] for v in spec["volumes"]].count("share") == 1
+    assert {"name": "share", "mountPath": "/share"} in container(job)["volumeMounts"]
+    containers = [*spec["initContainers"], *spec["containers"]]
+    assert {c["name"] for c in containers} == {"pkobatch-runner", "extra", "pulumi"}
+    for each in containers:
+        values = [e.get("value") for e in each["env"] if e["name"] == "PULUMI_ENV"]
+        assert values == ["/share/.env"], each["name"]
+
+
+def test_a_templates_own_share_volume_and_mount_are_kept() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "env": [{"name": "PULUMI_ENV", "value": "/elsewhere"}],
+                    "podTemplate": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "pulumi",
+                                    "volumeMounts": [{"name": "share", "mountPath": "/share"}],
+                                }
+                            ],
+                            "volumes": [{"name": "share", "emptyDir": {"medium": "Memory"}}],
+                        }
+                    },
+                }
+            }
+        }
+    )
+    spec = pod_spec(job)
+    assert [v for v in spec["volumes"] if v["name"] == "share"] == [
+        {"name": "share", "emptyDir": {"medium": "Memory"}}
+    ]
+    mounts = [m for m in container(job)["volumeMounts"] if m["name"] == "share"]
+    assert mounts == [{"name": "share", "mountPath": "/share"}]
+    assert env(job)["PULUMI_ENV"] == {"name": "PULUMI_ENV", "value": "/share/.env"}
+
+
+def test_the_share_volume_meets_pod_security_restricted() -> None:
+    job = build({}, JobSettings(pod_security_level="restricted"))
+    pod = job["spec"]["template"]
+    assert {"name": "share", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert check_pod(pod["metadata"], pod["spec"], "restricted") == []

@@ -70,15 +70,25 @@ def test_git_credentials_and_config_values_are_for_the_runner_only() -> None:
 SECRET_REF = {"type": "Secret", "secret": {"name": "s", "key": "k"}}
 
 
-def known(fields: dict[str, Any], env: dict[str, str], **snapshot_fields: Any) -> list[str]:
-    """The secret values a run of the spec ``fields`` knows in environment ``env``."""
+def known(
+    fields: dict[str, Any],
+    env: dict[str, str],
+    dynamic_env: dict[str, str] | None = None,
+    **snapshot_fields: Any,
+) -> list[str]:
+    """The secret values a run of the spec ``fields`` knows in environment ``env`` with the
+    dynamic environment (``$PULUMI_ENV``) ``dynamic_env``."""
     spec = StackSpec.model_validate({"stack": "dev", **fields})
     run = snapshot(spec={"stack": "dev", **fields}, **snapshot_fields)
     config = collect_config(spec, run.config_from_env, env, run.secrets_from_env)
     credentials = (
         resolve_git_credentials(run.git_auth, spec.git_auth, env) if spec.project_repo else None
     )
-    return [value for value in known_secrets(run, spec, env, config, credentials) if value]
+    return [
+        value
+        for value in known_secrets(run, spec, env, config, credentials, dynamic_env or {})
+        if value
+    ]
 
 
 # One case per kind of secret input: (spec fields, environment, snapshot fields); the
@@ -154,6 +164,14 @@ def test_the_passphrase_file_is_known(tmp_path: Path) -> None:
     values = known({}, {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)})
     assert Redactor(values).scrub("x passphrase-from-a-file y") == "x [secret] y"
     assert known({}, {"PULUMI_CONFIG_PASSPHRASE_FILE": str(tmp_path / "missing")}) == []
+
+
+def test_every_value_of_the_dynamic_environment_is_known(tmp_path: Path) -> None:
+    path = tmp_path / "passphrase"
+    path.write_text("passphrase-from-a-file\n")
+    dynamic_env = {"ANY_NAME": "value-from-pulumi-env", "PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
+    redactor = Redactor(known({}, {}, dynamic_env))
+    assert redactor.scrub("value-from-pulumi-env passphrase-from-a-file") == "[secret] [secret]"
 
 
 def test_plain_values_are_not_secret() -> None:
