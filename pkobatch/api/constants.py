@@ -5,6 +5,8 @@ are kept byte-for-byte so tools written for PKO keep working. pkobatch's own lab
 annotations use the ``pkobatch.io/`` prefix.
 """
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final, Literal
 
 GROUP: Final = "pulumi.com"
@@ -121,11 +123,20 @@ ResultReason = Literal[
     "PlanMismatch",
     # The run's ServiceAccount lacks a right a feature of the spec needs (pkobatch.runner.rights).
     "MissingPermission",
+    # Structured config and a Pulumi CLI too old to set it (PKO's Stalled reason).
+    "PulumiVersionTooLow",
 ]
 RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
-# Failures a retry cannot fix (the spec, or the image, lacks something): the Stack stalls at
-# once and runs again only when its spec, source or reconcile request changes.
-PERMANENT_RESULT_REASONS: Final[frozenset[str]] = frozenset({"InvalidSpec", "MissingPermission"})
+# Failures a retry cannot fix (the spec, or the image, lacks something), with the Stalled
+# reason each shows: the Stack stalls at once and runs again only when its spec, source or
+# reconcile request changes.
+PERMANENT_RESULT_REASONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "InvalidSpec": STALLED_SPEC_INVALID_REASON,
+        "MissingPermission": STALLED_MISSING_PERMISSION_REASON,
+        "PulumiVersionTooLow": STALLED_PULUMI_VERSION_TOO_LOW_REASON,
+    }
+)
 
 # Event reasons (PKO's).
 EVENT_UPDATE_DETECTED: Final = "StackUpdateDetected"

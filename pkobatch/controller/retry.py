@@ -36,8 +36,6 @@ from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
     RECONCILING_PREVIEW_FAILED_REASON,
     RECONCILING_RETRY_REASON,
-    STALLED_MISSING_PERMISSION_REASON,
-    STALLED_SPEC_INVALID_REASON,
     STALLED_UPDATE_FAILED_REASON,
 )
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
@@ -184,9 +182,7 @@ def resting_state(last: LastUpdate, settings: Settings) -> Resting:
     if permanent_failure(last):
         return Resting(
             "stalled",
-            STALLED_MISSING_PERMISSION_REASON
-            if last.get("reason") == STALLED_MISSING_PERMISSION_REASON
-            else STALLED_SPEC_INVALID_REASON,
+            PERMANENT_RESULT_REASONS[str(last.get("reason"))],
             f"{kind} failed and retrying cannot help; not retrying until the spec, the "
             f"source or {RECONCILE_REQUEST_ANNOTATION} changes. Error: {last.get('message')}",
         )

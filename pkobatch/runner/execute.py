@@ -77,7 +77,13 @@ from pkobatch.runner.runtimes import (
     pulumi_home,
     search_path,
 )
-from pkobatch.runner.stack_config import ConfigItem, collect_config, plan_config, secret_values
+from pkobatch.runner.stack_config import (
+    ConfigItem,
+    check_cli_supports,
+    collect_config,
+    plan_config,
+    secret_values,
+)
 from pkobatch.runner.workspace import (
     CACHE_DIR_ENV,
     Project,
@@ -307,6 +313,7 @@ def _execute(run: _Run) -> OperationOutput:
         run.project_info = project.info
         command = pulumi.command(run.cancellation)
         run.pulumi_version = str(command.version or "")
+        check_cli_supports(config, run.pulumi_version, env)
         from pkobatch.runner.pulumi_cli import RunnerWorkspace
 
         program: Callable[[], None] | None = _no_program if state_only else None
@@ -347,11 +354,7 @@ def _execute(run: _Run) -> OperationOutput:
             run.plan_file = _approved_plan(run, workspace, stack.name)
         if config:
             log.step(f"setting {len(config)} config value(s)")
-            config_plan = plan_config(config)
-            for document in config_plan.set_all:
-                stack.set_all_config_json(document)
-            for key, item in config_plan.from_stdin:
-                workspace.set_config_from_stdin(stack.name, key, str(item.value), item.secret)
+            workspace.set_planned_config(stack.name, plan_config(config))
         if spec.environment:
             log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
             stack.add_environments(*spec.environment)

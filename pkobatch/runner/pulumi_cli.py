@@ -11,7 +11,7 @@ SDK's typed errors) plus three things a Job needs:
 - a failed command's output stays attached to the error (``command_output``), so the
   runner can classify it and quote Pulumi's own message;
 - a command can be given standard input (``stdin_text``): ``RunnerWorkspace`` sets a secret
-  or large config value that way, never as an argument.
+  or large config value that way, never as an argument (``set_planned_config``).
 
 ``RunnerWorkspace`` reads stack outputs *masked* — one ``pulumi stack output --json``
 without ``--show-secrets`` — so secret outputs are ``"[secret]"`` at any depth and their
@@ -43,6 +43,7 @@ from pulumi.automation.errors import create_command_error
 
 from pkobatch.api.run import SECRET_PLACEHOLDER
 from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.stack_config import ConfigPlan
 
 _OUTPUT_ATTRIBUTE = "pkobatch_output"
 
@@ -145,6 +146,14 @@ class RunnerPulumiCommand(PulumiCommand):
 
 class RunnerWorkspace(LocalWorkspace):
     """A ``LocalWorkspace`` that never asks Pulumi for secret plaintext."""
+
+    def set_planned_config(self, stack_name: str, plan: ConfigPlan) -> None:
+        """Set the config as ``plan`` says: its ``set-all`` calls, then its values from
+        standard input."""
+        for arguments in plan.set_all:
+            self._run_pulumi_cmd_sync(["config", "set-all", "--stack", stack_name, *arguments])
+        for key, item in plan.from_stdin:
+            self.set_config_from_stdin(stack_name, key, str(item.value), item.secret)
 
     def set_config_from_stdin(self, stack_name: str, key: str, value: str, secret: bool) -> None:
         """``pulumi config set KEY`` with the value on standard input, not in the arguments.

@@ -9,18 +9,24 @@ same way, from the run's Secret (``snapshot.secretsFromEnv``, ``configFromEnv``)
 the snapshot holds ``[secret]`` in their place. Without a mapping (``pkobatch run`` on a
 workstation) the spec's own value is used.
 
-Plain values are set with ``pulumi config set-all --json``, which takes strings and structured
-values alike, in as few calls as keep each argument small (``plan_config``). A value never
-travels as an argument when it is secret (process listings show arguments) or a string too
-large for one (Linux caps an argument at 128 KiB): ``pulumi config set [--secret] KEY`` reads
-it from standard input, one call each. A structured value too large for an argument goes the
-same way as its JSON text, which programs read with ``get_object`` just the same (a project
-that declares the key's type in ``Pulumi.yaml`` sees a string).
+Plain values are set with ``pulumi config set-all``, in as few calls as keep the arguments
+small (``plan_config``): as ``--plaintext KEY=VALUE`` arguments when all of a call's values are
+strings, which every Pulumi CLI understands, and as one ``--json`` document (strings and
+structured values alike) only when one of them is structured. ``--json`` came with Pulumi CLI
+v3.202.0, the version PKO requires for structured config: a run with structured config and an
+older CLI fails at once with ``PulumiVersionTooLow`` (``check_cli_supports``), as PKO stalls.
+
+A value never travels as an argument when it is secret (process listings show arguments) or
+a string too large for one (Linux caps an argument at 128 KiB): ``pulumi config set
+[--secret] KEY`` reads it from standard input, one call each. A structured value too large
+for an argument goes the same way as its JSON text, which programs read with ``get_object``
+just the same (a project that declares the key's type in ``Pulumi.yaml`` sees a string).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -115,9 +121,10 @@ MAX_ARGUMENT_VALUE_BYTES: Final = 16 * 1024
 
 @dataclass
 class ConfigPlan:
-    """How a run sets its config: set-all arguments, then values one by one from stdin."""
+    """How a run sets its config: ``pulumi config set-all`` calls (the arguments of each after
+    ``--stack NAME``), then values one by one from stdin."""
 
-    set_all: list[str] = field(default_factory=list)
+    set_all: list[list[str]] = field(default_factory=list)
     from_stdin: list[tuple[str, ConfigItem]] = field(default_factory=list)
 
 
@@ -137,12 +144,78 @@ def plan_config(items: Mapping[str, ConfigItem]) -> ConfigPlan:
         if batch and len(config_json({**batch, key: item}).encode("utf-8")) > (
             MAX_CONFIG_ARGUMENT_BYTES
         ):
-            plan.set_all.append(config_json(batch))
+            plan.set_all.append(set_all_arguments(batch))
             batch = {}
         batch[key] = item
     if batch:
-        plan.set_all.append(config_json(batch))
+        plan.set_all.append(set_all_arguments(batch))
     return plan
+
+
+def structured(items: Mapping[str, ConfigItem]) -> bool:
+    """Whether any value is structured (an object, list, number or bool: not a string)."""
+    return any(not isinstance(item.value, str) for item in items.values())
+
+
+def set_all_arguments(items: Mapping[str, ConfigItem]) -> list[str]:
+    """The arguments of one ``pulumi config set-all`` setting ``items``: ``--json`` only when
+    a value is structured, so a CLI older than that flag can set string config."""
+    if structured(items):
+        return ["--json", config_json(items)]
+    arguments: list[str] = []
+    for key, item in sorted(items.items()):
+        arguments += ["--secret" if item.secret else "--plaintext", f"{key}={item.value}"]
+    return arguments
+
+
+# The first Pulumi CLI with ``config set-all --json``: PKO's minimum for structured config.
+JSON_CONFIG_MIN_VERSION: Final = "3.202.0"
+_VERSION: Final = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
+
+
+def version_key(version: str) -> tuple[int, int, int, bool] | None:
+    """A semantic version, as a key that sorts by precedence (a pre-release before its
+    release; build metadata ignored); None when ``version`` is not one."""
+    match = _VERSION.fullmatch(version.strip())
+    if match is None:
+        return None
+    major, minor, patch, prerelease, _ = match.groups()
+    return int(major), int(minor), int(patch), prerelease is None
+
+
+# Raises the minimum above: only to prove the check with a current CLI (tests/e2e).
+JSON_CONFIG_MIN_VERSION_ENV: Final = "PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION"
+
+
+def check_cli_supports(
+    items: Mapping[str, ConfigItem], cli_version: str, env: Mapping[str, str]
+) -> None:
+    """Fail with PKO's reason when ``items`` has structured config and the run's Pulumi CLI
+    (which printed ``cli_version``) is older than the minimum: it cannot set it."""
+    if not structured(items):
+        return
+    minimum = env.get(JSON_CONFIG_MIN_VERSION_ENV) or JSON_CONFIG_MIN_VERSION
+    current, required = version_key(cli_version), version_key(minimum)
+    if required is None:
+        raise RunFailure(
+            "InvalidSpec",
+            f"{JSON_CONFIG_MIN_VERSION_ENV} is {minimum!r}, not a version like 3.202.0; fix "
+            "or remove it",
+        )
+    minimum = minimum.removeprefix("v")
+    if current is None:
+        raise RunFailure(
+            "PulumiVersionTooLow",
+            f"cannot parse the Pulumi CLI version {cli_version.strip()!r}; structured config "
+            f"requires >= v{minimum}",
+        )
+    if current < required:
+        raise RunFailure(
+            "PulumiVersionTooLow",
+            f"Pulumi CLI version v{cli_version.strip().removeprefix('v')} does not support "
+            f"JSON configuration, require >= v{minimum}: use an image with a newer Pulumi CLI "
+            "(spec.workspaceTemplate.spec.image), or make every config value a string",
+        )
 
 
 def config_json(items: Mapping[str, ConfigItem]) -> str:

@@ -120,12 +120,8 @@ def test_the_runner_sets_secret_config_without_putting_it_on_a_command_line(
     }
 
     # What the runner does (runner/execute.py).
-    plan = plan_config(items)
     with ArgumentWatch(lambda: {secret: "config-secret"}, interval=0.02) as watch:
-        for document in plan.set_all:
-            stack.set_all_config_json(document)
-        for key, item in plan.from_stdin:
-            workspace.set_config_from_stdin(stack.name, key, str(item.value), item.secret)
+        workspace.set_planned_config(stack.name, plan_config(items))
 
     assert watch.leaks == []
     config = {
@@ -138,3 +134,34 @@ def test_the_runner_sets_secret_config_without_putting_it_on_a_command_line(
     assert json.loads(config["shape"][0]) == {"a": [1, 2]}
     stack_file = Path(workspace.work_dir) / "Pulumi.dev.yaml"
     assert secret not in stack_file.read_text()
+
+
+def test_the_runner_sets_string_config_without_json(
+    pulumi_env: Any, program_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in pulumi_env.env.items():
+        monkeypatch.setenv(name, value)
+    command = PulumiStart(pulumi_env.env).command(Cancellation(Budget.for_grace(30)))
+    workspace = RunnerWorkspace(
+        work_dir=str(program_dir("files")),
+        pulumi_home=str(pulumi_env.home),
+        env_vars=pulumi_env.env,
+        pulumi_command=command,
+    )
+    stack = auto.Stack.create("dev", workspace)
+    items = {
+        "region": ConfigItem("eu-west-1", secret=False),
+        "a.b[0]": ConfigItem("x=y with spaces", secret=False),
+    }
+    plan = plan_config(items)
+    assert plan.set_all and all("--json" not in arguments for arguments in plan.set_all)
+
+    workspace.set_planned_config(stack.name, plan)
+
+    config = {
+        key.removeprefix("pkobatch-test-files:"): (value.value, value.secret)
+        for key, value in stack.get_all_config().items()
+    }
+    # Keys are taken as written (no --path), as with --json.
+    assert config["region"] == ("eu-west-1", False)
+    assert config["a.b[0]"] == ("x=y with spaces", False)

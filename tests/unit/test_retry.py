@@ -7,7 +7,7 @@ from typing import Any
 
 from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
 from pkobatch.config import Settings
-from pkobatch.controller.retry import cooldown, resync_frequency, same_commit
+from pkobatch.controller.retry import cooldown, resting_state, resync_frequency, same_commit
 
 NOW = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 
@@ -68,3 +68,17 @@ def test_same_commit() -> None:
     assert not same_commit("1", "12")
     assert not same_commit("main@sha1:abc1234", "main@sha1:abc1234ff")
     assert same_commit("7", "7")
+
+
+def test_failures_a_retry_cannot_fix_stall_at_once_with_their_own_reason() -> None:
+    settings = Settings()
+    for reason, stalled in (
+        ("InvalidSpec", "SpecInvalid"),
+        ("PulumiVersionTooLow", "PulumiVersionTooLow"),
+    ):
+        last = {"state": "failed", "reason": reason, "message": "m", "failures": 0}
+        resting = resting_state(last, settings)  # type: ignore[arg-type]
+        assert (resting.kind, resting.reason) == ("stalled", stalled)
+        assert resting.message.endswith("Error: m")
+    last = {"state": "failed", "reason": "ProgramError", "message": "m", "failures": 0}
+    assert resting_state(last, settings).kind == "retrying"  # type: ignore[arg-type]

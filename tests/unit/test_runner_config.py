@@ -1,4 +1,5 @@
-"""Stack config from the spec and the run's environment, as one `config set-all --json`."""
+"""Stack config from the spec and the run's environment, and the `config set-all` calls that set
+it (plain where every value is a string, `--json` where one is structured)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.stack_config import (
     MAX_CONFIG_ARGUMENT_BYTES,
     ConfigItem,
+    check_cli_supports,
     collect_config,
     config_json,
     plan_config,
     secret_values,
+    set_all_arguments,
+    version_key,
 )
 
 
@@ -170,13 +174,80 @@ def test_no_secret_and_no_large_value_is_a_process_argument() -> None:
     plan = plan_config(items)
     assert plan.from_stdin == [("big", items["big"]), ("password", items["password"])]
     assert len(plan.set_all) == 3  # 150 kB of small values in arguments of at most 64 KiB
-    assert all(len(doc.encode()) <= MAX_CONFIG_ARGUMENT_BYTES for doc in plan.set_all)
-    merged: dict[str, Any] = {}
-    for doc in plan.set_all:
-        merged.update(json.loads(doc))
+    assert all(
+        sum(len(a.encode()) for a in arguments) <= MAX_CONFIG_ARGUMENT_BYTES
+        for arguments in plan.set_all
+    )
+    [with_json] = [arguments for arguments in plan.set_all if arguments[0] == "--json"]
+    merged: dict[str, Any] = dict(json.loads(with_json[1]))
+    for arguments in plan.set_all:
+        if arguments is not with_json:
+            assert arguments[0::2] == ["--plaintext"] * (len(arguments) // 2)
+            merged.update(dict(a.split("=", 1) for a in arguments[1::2]))
     assert set(merged) == set(items) - {"big", "password"}
     assert merged["obj"]["objectValue"] == {"a": [1, 2]}
-    assert all("s3cret-value" not in doc and big not in doc for doc in plan.set_all)
+    every_argument = [a for arguments in plan.set_all for a in arguments]
+    assert all("s3cret-value" not in a and big not in a for a in every_argument)
+
+
+def test_string_config_is_set_without_json_and_structured_config_with_it() -> None:
+    strings = {"region": ConfigItem("eu-west-1", False), "a.b": ConfigItem("x=y", False)}
+    assert set_all_arguments(strings) == [
+        "--plaintext",
+        "a.b=x=y",
+        "--plaintext",
+        "region=eu-west-1",
+    ]
+    assert plan_config(strings).set_all == [set_all_arguments(strings)]
+    mixed = {**strings, "sizes": ConfigItem([1, 2], False)}
+    assert set_all_arguments(mixed) == ["--json", config_json(mixed)]
+
+
+def version_failure(items: dict[str, ConfigItem], version: str, env: dict[str, str]) -> str:
+    with pytest.raises(RunFailure) as raised:
+        check_cli_supports(items, version, env)
+    assert raised.value.reason == "PulumiVersionTooLow"
+    return raised.value.message
+
+
+def test_versions_compare_by_semantic_version_precedence() -> None:
+    ordered = ["3.9.9", "3.197.0", "v3.201.12", "3.202.0-alpha.1", "3.202.0", "3.202.1", "4.0.0"]
+    keys = [version_key(v) for v in ordered]
+    assert None not in keys
+    assert keys == sorted(keys)  # type: ignore[type-var]
+    assert len(set(keys)) == len(keys)
+    assert version_key("v3.202.0") == version_key("3.202.0+dirty") == version_key(" 3.202.0\n")
+    assert version_key("3.202") is None and version_key("latest") is None
+
+
+def test_structured_config_needs_a_cli_with_json_config() -> None:
+    structured = {"sizes": ConfigItem([1, 2], False), "region": ConfigItem("eu", False)}
+    message = version_failure(structured, "3.197.0\n", {})
+    assert message.startswith(
+        "Pulumi CLI version v3.197.0 does not support JSON configuration, require >= v3.202.0"
+    )
+    assert "spec.workspaceTemplate.spec.image" in message
+    assert "require >= v3.202.0" in version_failure(structured, "v3.202.0-alpha.1", {})
+    assert "cannot parse the Pulumi CLI version 'dev'" in version_failure(structured, "dev", {})
+    check_cli_supports(structured, "3.202.0", {})
+    check_cli_supports(structured, "v3.259.0", {})
+
+
+def test_string_config_runs_on_any_cli() -> None:
+    check_cli_supports({"region": ConfigItem("eu", False)}, "3.100.0", {})
+    check_cli_supports({}, "3.100.0", {"PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION": "99.0.0"})
+
+
+def test_the_minimum_can_be_raised_and_must_be_a_version() -> None:
+    structured = {"sizes": ConfigItem([1], False)}
+    raised = {"PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION": "v99.0.0"}
+    assert "v3.259.0 does not support JSON configuration, require >= v99.0.0" in (
+        version_failure(structured, "3.259.0", raised)
+    )
+    with pytest.raises(RunFailure) as invalid:
+        check_cli_supports(structured, "3.259.0", {"PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION": "x"})
+    assert invalid.value.reason == "InvalidSpec"
+    assert "PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION is 'x'" in invalid.value.message
 
 
 def test_a_structured_value_too_large_for_an_argument_is_set_as_its_json_text() -> None:
