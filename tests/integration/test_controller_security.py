@@ -150,7 +150,10 @@ def test_a_fixed_stack_runs(controller: ControllerProcess, kube: Kube, namespace
     apply_stack(kube, namespace, "fixed", {"stack": "dev", "jobTemplate": compliant})
     wait_stack(kube, namespace, "fixed", lambda s: bool(jobs_of(kube, namespace, "fixed")))
     job = jobs_of(kube, namespace, "fixed")[0]
-    assert job["spec"]["template"]["spec"]["volumes"] == [{"name": "scratch", "emptyDir": {}}]
+    assert job["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "share", "emptyDir": {}},  # PKO's share volume ($PULUMI_ENV)
+    ]
 
 
 def test_restricted_level_refuses_root(
