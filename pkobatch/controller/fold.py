@@ -22,8 +22,10 @@ never before, whatever ConfigMap exists by then:
   ``JobFailed`` too. A run whose pod is gone has no result to trust: it fails the same way
   and, like every failed run, is retried;
 - the Job's pod has not been able to start for ``POD_START_LIMIT`` (image pull errors, a
-  container that cannot be created, no node for it): that cause, and the Job is deleted
-  so the retry is not blocked — rather than an hour of waiting for the Job's deadline;
+  container that cannot be created, no node for it) — for ``FIXED_BY_SPEC_LIMIT`` when only
+  a change of the spec can start it (an image the node must never pull, an invalid image
+  name): that cause, and the Job is deleted so the retry is not blocked — rather than an
+  hour of waiting for the Job's deadline;
 - a spec change (new generation) came while the Job's sync run had not started its
   ``pulumi`` container (``superseded``, ``run_not_started``): ``Superseded``, and ``plan``
   deletes the Job so the new spec runs at once, as PKO does;
@@ -154,6 +156,9 @@ def pod_creation_outcome(job: Mapping[str, Any], failure: str, now: datetime) ->
 # be created, no node to schedule it on) before the run is failed with that cause, instead
 # of waiting for the Job's deadline (an hour by default) with nothing to show.
 POD_START_LIMIT: Final = timedelta(minutes=5)
+# The same for a pod no wait can start: an image the node must never pull
+# (``imagePullPolicy: Never`` and not on the node) or an invalid image name.
+FIXED_BY_SPEC_LIMIT: Final = timedelta(seconds=30)
 # The label the Job controller puts on its pods (Kubernetes 1.27+).
 JOB_CONTROLLER_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # Waiting reasons the kubelet gives a container it cannot start.
@@ -167,6 +172,7 @@ _IMAGE_PULL_REASONS: Final = frozenset(
         "SignatureValidationFailed",
     }
 )
+_FIXED_BY_SPEC_REASONS: Final = frozenset({"ErrImageNeverPull", "InvalidImageName"})
 _CONTAINER_CONFIG_REASONS: Final = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
@@ -181,6 +187,8 @@ class PodCause:
     message: str
     # The pod cannot start (it waits); False: it ended.
     waiting: bool
+    # How long a waiting pod may wait before the run fails with this cause.
+    start_limit: timedelta = POD_START_LIMIT
 
 
 def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -236,6 +244,9 @@ def pod_cause(pod: Mapping[str, Any]) -> PodCause | None:
                 "(spec.workspaceTemplate.spec.image or the controller's runner image) and the "
                 "pod's imagePullSecrets",
                 waiting=True,
+                start_limit=FIXED_BY_SPEC_LIMIT
+                if reason in _FIXED_BY_SPEC_REASONS
+                else POD_START_LIMIT,
             )
         if reason in _CONTAINER_CONFIG_REASONS:
             return PodCause(
@@ -314,8 +325,9 @@ def superseded_outcome(job_name: str, generation: int, now: datetime) -> Outcome
 def pod_status_matters(job: Mapping[str, Any], now: datetime, generation: int = 0) -> bool:
     """Whether the Job's pods must be read: it has finished (its pod vouches for its result,
     ``trusted_result``, and tells why a run without one failed), it runs but its pod has
-    not become ready within ``POD_START_LIMIT``, or a spec change of ``generation``
-    supersedes it (``run_not_started`` decides whether it is replaced)."""
+    not become ready within ``FIXED_BY_SPEC_LIMIT`` (the first start limit), or a spec
+    change of ``generation`` supersedes it (``run_not_started`` decides whether it is
+    replaced)."""
     if job_finished(job):
         return True
     status = job.get("status") or {}
@@ -326,29 +338,42 @@ def pod_status_matters(job: Mapping[str, Any], now: datetime, generation: int = 
     if not status.get("active"):
         return False
     created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
-    return created is not None and now - created >= POD_START_LIMIT
+    return created is not None and now - created >= FIXED_BY_SPEC_LIMIT
+
+
+def next_pod_start_check(created: datetime, now: datetime) -> datetime:
+    """When a not-ready run created at ``created`` next reaches a start limit."""
+    first = created + FIXED_BY_SPEC_LIMIT
+    return first if now < first else created + POD_START_LIMIT
+
+
+def _duration_words(duration: timedelta) -> str:
+    seconds = int(duration.total_seconds())
+    return f"{seconds // 60} minutes" if seconds % 60 == 0 else f"{seconds} seconds"
 
 
 def pod_start_outcome(
     job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: datetime
 ) -> Outcome | None:
     """A failed outcome for a running Job whose pod has not been able to start for
-    ``POD_START_LIMIT``; None while it may still start."""
+    its cause's ``start_limit``; None while it may still start."""
     status = job.get("status") or {}
     newest = _newest(pods)
     if job_finished(job) or job_deleting(job) or status.get("ready") or newest is None:
         return None
     created = parse_time((newest.get("metadata") or {}).get("creationTimestamp"))
     cause = pod_cause(newest)
-    if cause is None or not cause.waiting or created is None or now - created < POD_START_LIMIT:
+    if cause is None or not cause.waiting or created is None:
+        return None
+    if now - created < cause.start_limit:
         return None
     name = (job.get("metadata") or {}).get("name")
-    minutes = int(POD_START_LIMIT.total_seconds() // 60)
     return Outcome(
         "failed",
         cause.reason,
         bound_message(
-            f"run {name} could not start for {minutes} minutes: {cause.message}; the run is "
+            f"run {name} could not start for {_duration_words(cause.start_limit)}: "
+            f"{cause.message}; the run is "
             "retried with the normal backoff"
         ),
         now,

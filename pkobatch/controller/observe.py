@@ -16,8 +16,8 @@ The current Job's pods are listed (by the Job controller's label, one small ``li
 the Job has finished — its result is folded only if its pod vouches for it
 (``fold.trusted_result``), and its pod's status tells why a run without one failed (OOMKilled,
 evicted, deadline) — and while it runs only when its pod has not become ready for
-``fold.POD_START_LIMIT`` (image pull errors, unschedulable) or a spec change supersedes it
-(whether its pod has started decides if the new spec replaces it):
+``fold.FIXED_BY_SPEC_LIMIT``, the first start limit (image pull errors, unschedulable), or a
+spec change supersedes it (whether its pod has started decides if the new spec replaces it):
 ``fold.pod_status_matters``. So a run costs one list when it is folded. A list that fails
 fails the reconcile, which is retried, rather than folding a genuine result as untrusted.
 

@@ -131,7 +131,6 @@ from pkobatch.controller import approval
 from pkobatch.controller.fold import (
     POD_CREATION_GRACE,
     POD_CREATION_RECHECK,
-    POD_START_LIMIT,
     Event,
     EventType,
     Outcome,
@@ -141,6 +140,7 @@ from pkobatch.controller.fold import (
     job_deleting,
     job_outcome,
     job_without_pod,
+    next_pod_start_check,
     pod_creation_outcome,
     pod_start_outcome,
     run_not_started,
@@ -650,7 +650,8 @@ class _Planner:
                 self._requeue_in(max(created + POD_CREATION_GRACE - self.now, timedelta(0)))
             elif created is not None and not status.get("ready"):
                 # Look at its pod when it may have been unable to start for too long.
-                self._requeue_in(max(created + POD_START_LIMIT - self.now, POD_CREATION_RECHECK))
+                check = next_pod_start_check(created, self.now)
+                self._requeue_in(max(check - self.now, POD_CREATION_RECHECK))
             return False
         if outcome.result is not None and name not in self.obs.results:
             # Its pod sent the result itself: the ConfigMap keeps it for history, as the

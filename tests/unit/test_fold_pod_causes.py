@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from pkobatch.controller.fold import (
+    FIXED_BY_SPEC_LIMIT,
     POD_START_LIMIT,
     job_outcome,
+    next_pod_start_check,
     pod_cause,
     pod_start_outcome,
     pod_status_matters,
@@ -258,3 +260,41 @@ def test_pods_are_read_only_when_they_alone_can_tell() -> None:
     # A finished Job's pod vouches for its result (fold.trusted_result).
     complete = job(conditions=[{"type": "Complete", "status": "True"}])
     assert pod_status_matters(complete, NOW)
+
+
+NEVER_PULLED = yaml.safe_load(
+    """
+phase: Pending
+containerStatuses:
+  - name: pulumi
+    image: example.com/never-loaded:1
+    ready: false
+    state:
+      waiting:
+        reason: ErrImageNeverPull
+        message: 'Container image "example.com/never-loaded:1" is not present with pull
+          policy of Never'
+"""
+)
+
+
+def test_a_pod_only_a_spec_change_can_start_fails_the_run_sooner() -> None:
+    running = job(active=1, ready=0)
+    created = NOW - FIXED_BY_SPEC_LIMIT
+    running["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert pod_status_matters(running, NOW)
+    early = pod(NEVER_PULLED, created=created + timedelta(seconds=5))
+    assert pod_start_outcome(running, [early], NOW) is None
+    outcome = pod_start_outcome(running, [pod(NEVER_PULLED, created=created)], NOW)
+    assert outcome is not None and outcome.reason == "ImagePullFailed"
+    assert outcome.message.startswith("run app-up-1 could not start for 30 seconds: ")
+    assert "example.com/never-loaded:1" in outcome.message
+    # A pull that may yet succeed gets the whole limit.
+    assert pod_start_outcome(running, [pod(ERR_IMAGE_PULL, created=created)], NOW) is None
+
+
+def test_the_next_start_check_is_the_next_limit() -> None:
+    created = NOW - timedelta(seconds=10)
+    assert next_pod_start_check(created, NOW) == created + FIXED_BY_SPEC_LIMIT
+    later = NOW + FIXED_BY_SPEC_LIMIT
+    assert next_pod_start_check(created, later) == created + POD_START_LIMIT
