@@ -9,7 +9,8 @@ Layers, each applied over the previous one:
    env, envFrom, podTemplate);
 4. ``spec.jobTemplate`` (pkobatch: labels, annotations, pod spec fields);
 5. the invariants again (labels, ``restartPolicy: Never``, ``backoffLimit: 0``, the runner
-   command), so no template can break the run contract.
+   command), so no template can break the run contract; a run container a template made
+   read-only (``readOnlyRootFilesystem``) gets a writable ``/tmp`` (``_writable_tmp``).
 
 The controller creates the Job with its own rights, so the Stack may not use it to get more
 than its author could run: the finished pod must meet the Pod Security level of
@@ -146,6 +147,9 @@ BUNDLE_MOUNT_PATH: Final = "/pkobatch"
 INJECTED_BUNDLE: Final = f"{BUNDLE_MOUNT_PATH}/runner"
 INJECTED_RUNNER: Final = f"{INJECTED_BUNDLE}/pkobatch-runner"
 BUNDLE_INIT_CONTAINER: Final = "pkobatch-runner"
+# A run container with a read-only root filesystem gets a writable /tmp (an emptyDir).
+TMP_VOLUME: Final = "pkobatch-tmp"
+TMP_DIR: Final = "/tmp"
 JOB_RUN_ARGS: Final = ("job", "run")
 # The user PKO runs workspace pods as (its "restricted" security profile): stock images such
 # as pulumi/pulumi:<version>-nonroot name their user ("pulumi"), which runAsNonRoot cannot
@@ -767,6 +771,7 @@ def build_run(
         }
     )
     runner["command"] = _runner_command(pod_template["spec"], runner, settings)
+    _writable_tmp(pod_template["spec"], runner)
     input_labels = {**labels, RUN_INPUT_LABEL: name}
     del input_labels[MANAGED_BY_LABEL]
     runner["args"], inputs = snapshot_transport(
@@ -985,6 +990,26 @@ def _runner_command(pod_spec: JSON, runner: JSON, settings: JobSettings) -> list
         if "runAsGroup" not in pod_context:
             context.setdefault("runAsGroup", PKO_RUN_AS_USER)
     return [INJECTED_RUNNER, *JOB_RUN_ARGS]
+
+
+def _writable_tmp(pod_spec: JSON, runner: JSON) -> None:
+    """A run container whose root filesystem is read-only (``readOnlyRootFilesystem``, set
+    by a template) gets an ``emptyDir`` at ``/tmp`` unless a template mounts something there,
+    and ``TMPDIR`` and ``HOME`` set to it unless its ``env`` sets them: the runner's
+    workspace, Pulumi's home and the CLI's temporary files need a writable directory."""
+    if not (runner.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+        return
+    mounts = runner.get("volumeMounts") or []
+    if not any(m.get("mountPath", "").rstrip("/") == TMP_DIR for m in mounts):
+        pod_spec["volumes"] = _with_named(
+            pod_spec.get("volumes"), {"name": TMP_VOLUME, "emptyDir": {}}
+        )
+        runner["volumeMounts"] = _with_named(mounts, {"name": TMP_VOLUME, "mountPath": TMP_DIR})
+    named = {e.get("name") for e in runner.get("env") or []}
+    runner["env"] = [
+        *(runner.get("env") or []),
+        *({"name": name, "value": TMP_DIR} for name in ("TMPDIR", "HOME") if name not in named),
+    ]
 
 
 def _apply_invariants(

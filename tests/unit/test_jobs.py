@@ -601,6 +601,48 @@ def test_job_template_image_changes_decide_the_injection() -> None:
     assert "initContainers" not in pod_spec(back)
 
 
+def test_a_read_only_root_gets_a_writable_tmp_for_the_run() -> None:
+    read_only = {"name": "pulumi", "securityContext": {"readOnlyRootFilesystem": True}}
+    job = build(
+        {
+            "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE}},
+            "jobTemplate": {"spec": {"containers": [read_only]}},
+        },
+        JobSettings(image="pkobatch/runner:1"),
+    )
+    mounts = {m["mountPath"]: m["name"] for m in container(job)["volumeMounts"]}
+    assert mounts["/tmp"] == "pkobatch-tmp"
+    assert {"name": "pkobatch-tmp", "emptyDir": {}} in pod_spec(job)["volumes"]
+    assert (env(job)["TMPDIR"]["value"], env(job)["HOME"]["value"]) == ("/tmp", "/tmp")
+    assert container(job)["securityContext"]["readOnlyRootFilesystem"] is True
+    # What the Stack sets itself stays: its own /tmp volume and HOME.
+    own_tmp = {
+        **read_only,
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+        "env": [{"name": "HOME", "value": "/home/me"}],
+    }
+    kept = build(
+        {
+            "jobTemplate": {
+                "spec": {
+                    "containers": [own_tmp],
+                    "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}],
+                }
+            }
+        }
+    )
+    assert "pkobatch-tmp" not in [v["name"] for v in pod_spec(kept)["volumes"]]
+    assert [m["name"] for m in container(kept)["volumeMounts"] if m["mountPath"] == "/tmp"] == [
+        "scratch"
+    ]
+    assert "pkobatch-tmp" not in [m["name"] for m in container(kept)["volumeMounts"]]
+    assert (env(kept)["HOME"]["value"], env(kept)["TMPDIR"]["value"]) == ("/home/me", "/tmp")
+    # A writable root needs nothing.
+    plain = build({})
+    assert "pkobatch-tmp" not in [v["name"] for v in pod_spec(plain).get("volumes") or []]
+    assert "TMPDIR" not in env(plain)
+
+
 def test_the_stacks_own_init_containers_and_volumes_are_kept() -> None:
     job = build(
         {
