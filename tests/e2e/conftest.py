@@ -7,12 +7,6 @@ finds the built CLI on PATH). The program's ``__main__.py`` runs as an inline pr
 the runner does: no ``pulumi-language-python`` host is needed. ``config`` values are plain,
 ``secret_config`` values are secret; ``directory`` defaults to ``pulumi_env.files_dir``.
 
-``runner_bundle`` (session) -> Path: the injected runner bundle directory (its launcher is
-``pkobatch-runner`` in it) of the current sources, built
-by ``jobs/build-runner-bundle.sh`` here rather than in scripts/bootstrap.sh, so that a bare
-``pytest`` run after an edit tests a bundle of the edited sources (the script's cache key is a
-hash of the sources and pins: a warm run only hashes, a cold one takes a few minutes).
-
 The real controller (tests/controller_harness.py):
 
 ``controller_rbac`` (session): the controller's and runner's RBAC from deploy/kustomize/base.
@@ -26,10 +20,7 @@ namespace (``--timeout 5m``).
 
 from __future__ import annotations
 
-import os
 import runpy
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -86,24 +77,6 @@ def automation_stack(
         return created
 
     return make
-
-
-BUNDLE_SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "build-runner-bundle.sh"
-
-
-@pytest.fixture(scope="session")
-def runner_bundle() -> Path:
-    built = subprocess.run(
-        ["bash", str(BUNDLE_SCRIPT)],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if built.returncode != 0:
-        pytest.fail(f"{BUNDLE_SCRIPT} failed:\n{built.stderr[-4000:]}", pytrace=False)
-    return Path(built.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

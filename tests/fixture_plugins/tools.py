@@ -17,11 +17,19 @@ own environment with ``pkobatch dev``).
 ``helm_bin`` -> Path: the built ``helm``; ``promtool_bin`` -> Path: the built ``promtool``;
 ``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files
 (``scripts/tools.sh helm promtool prometheus_operator``).
+
+``runner_bundle`` -> Path: the injected runner bundle directory (its launcher is
+``pkobatch-runner`` in it) of the current sources, built by ``jobs/build-runner-bundle.sh``
+here rather than in scripts/bootstrap.sh, so that a bare ``pytest`` run after an edit tests a
+bundle of the edited sources (the script's cache key is a hash of the sources and pins: a
+warm run only hashes, a cold one takes a few minutes).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +94,21 @@ def promtool_bin() -> Path:
 @pytest.fixture(scope="session")
 def prometheus_operator_crds() -> Path:
     return require_tools(("prometheus_operator",)).bin_dir("prometheus_operator") / "crds"
+
+
+BUNDLE_SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "build-runner-bundle.sh"
+
+
+@pytest.fixture(scope="session")
+def runner_bundle() -> Path:
+    built = subprocess.run(
+        ["bash", str(BUNDLE_SCRIPT)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.fail(f"{BUNDLE_SCRIPT} failed:\n{built.stderr[-4000:]}", pytrace=False)
+    return Path(built.stdout.strip().splitlines()[-1])
