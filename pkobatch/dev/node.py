@@ -77,6 +77,8 @@ NODE_CONTROLLERS: Final = (
     "endpointslice-controller",
     # kube-root-ca.crt in every namespace: the CA of a pod's projected ServiceAccount token.
     "root-ca-certificate-publisher-controller",
+    # Binds PersistentVolumeClaims to PersistentVolumes (hostPath volumes on this node).
+    "persistentvolume-binder-controller",
 )
 PAUSE_IMAGE: Final = f"registry.k8s.io/pause:{versions()['PAUSE_VERSION']}"
 KUBELET_PORT: Final = 10250
@@ -353,6 +355,18 @@ class RealNode:
             self._kube.close()
             self._kube = None
         remove_node_leftovers(self.paths.state_dir)
+
+    def restart_runtime(self, timeout: float = 180.0) -> None:
+        """Stop the kubelet and containerd (SIGTERM) and start both again with the same
+        configuration, as an upgrade of a node's runtime does: the containers' shims run in
+        process groups of their own and keep the containers running meanwhile."""
+        self._components.stop("kubelet")
+        self._components.stop("containerd")
+        self._components.start_again("containerd", timeout=timeout)
+        self._components.start_again("kubelet", timeout=timeout)
+        processes.wait_until(
+            self._node_ready, timeout=timeout, what=f"Node {self.node_name} to be Ready again"
+        )
 
     def exited(self) -> dict[str, int]:
         return self._components.exited()
