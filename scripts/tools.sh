@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
 # kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
-# the Kubernetes provider, helm, promtool, the Prometheus Operator's CRDs, Argo CD's health
-# check for Stacks, kstatus, and the real node: kubelet, kube-proxy, kube-scheduler, kubectl,
-# pause, containerd, the CNI plugins, crictl) from the Go module proxy into a cache directory keyed
-# by name and version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
+# an older Pulumi CLI, the Kubernetes provider, helm, promtool, the Prometheus Operator's
+# CRDs, Argo CD's health check for Stacks, kstatus, and the real node: kubelet, kube-proxy,
+# kube-scheduler, kubectl, pause, containerd, the CNI plugins, crictl) from the Go module
+# proxy into a cache directory keyed by name and version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
 #   scripts/tools.sh          build etcd kubernetes pulumi yaml kubernetes_provider where missing
@@ -12,9 +12,10 @@
 #                             build only the named components (etcd kubernetes pulumi yaml
 #                             kubernetes_provider helm promtool prometheus_operator
 #                             source_controller argocd_health kstatus node containerd
-#                             cni_plugins crictl); the last ten are built only when named:
-#                             the tests of deploy/, fluxSource, GitOps health and the real
-#                             node need them (scripts/test.sh asks), the demo not
+#                             cni_plugins crictl pulumi_old); the last eleven are built only
+#                             when named: the tests of deploy/, fluxSource, GitOps health,
+#                             the real node and the CLI version check need them
+#                             (scripts/test.sh asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
 set -euo pipefail
@@ -200,11 +201,13 @@ build_crictl() {
   say "crictl $V: built in $out"
 }
 
-build_pulumi() {
-  local V=$PULUMI_VERSION out="$TOOLS/pulumi-$PULUMI_VERSION"
-  if [ -f "$out/.stamp" ]; then say "pulumi $V: cached in $out"; return; fi
+# Build the Pulumi CLI v$1 into $TOOLS/$2-$1; with $3=python also its Python pieces (the
+# language host and the dynamic-provider plugin), which only the main CLI needs.
+compile_pulumi_cli() {
+  local V=$1 name=$2 python=${3:-} out="$TOOLS/$2-$1"
+  if [ -f "$out/.stamp" ]; then say "$name $V: cached in $out"; return; fi
   local existing; existing=$(command -v pulumi || true)
-  if [ -n "$existing" ] && [ "$(pulumi version 2>/dev/null)" = "v$V" ] \
+  if [ -n "$python" ] && [ -n "$existing" ] && [ "$(pulumi version 2>/dev/null)" = "v$V" ] \
      && [ -f "$(dirname "$existing")/pulumi-resource-pulumi-python" ]; then
     step="link existing pulumi"; mkdir -p "$out"
     for f in pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python; do
@@ -213,40 +216,52 @@ build_pulumi() {
     touch "$out/.stamp"; say "pulumi: using $existing"; return
   fi
   local w; w=$(mktemp -d); cd "$w"
-  step="pulumi: resolve modules"; say "pulumi $V: resolving modules"
-  go mod init pkobatch-tools/pulumi >/dev/null 2>&1
+  step="$name: resolve modules"; say "$name $V: resolving modules"
+  go mod init "pkobatch-tools/$name" >/dev/null 2>&1
   go mod edit -replace=github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e
   go get -tool "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@v$V"
   go get "github.com/pulumi/pulumi/sdk/v3@v$V"
+  local m got LDF
   for m in github.com/pulumi/pulumi/pkg/v3 github.com/pulumi/pulumi/sdk/v3; do
     got=$(go list -m -f '{{.Version}}' "$m")
     [ "$got" = "v$V" ] || { echo "tools.sh: $m resolved to $got, expected v$V" >&2; exit 1; }
   done
   LDF="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$V"
   mkdir -p "$out.tmp"
-  step="pulumi: build pulumi"; say "pulumi $V: building pulumi (the long one)"
+  step="$name: build pulumi"; say "$name $V: building pulumi (the long one)"
   go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace -ldflags "$LDF" -o "$out.tmp/pulumi" \
     github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+  if [ -n "$python" ]; then install_pulumi_python "$LDF" "$out.tmp"; fi
+  cd "$here"; rm -rf "$w"
+  step="$name: verify"
+  got=$("$out.tmp/pulumi" version)
+  [ "$got" = "v$V" ] || { echo "tools.sh: built pulumi reports '$got', expected v$V" >&2; exit 1; }
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+}
+
+# The main CLI's Python pieces into $2, from the module of the current directory (ldflags $1).
+install_pulumi_python() {
+  local LDF=$1 SDK
   SDK=$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)
-  install -m 0755 "$SDK/python/cmd/pulumi-language-python-exec" "$out.tmp/"
-  install -m 0755 "$SDK/python/dist/pulumi-resource-pulumi-python" "$out.tmp/"
+  install -m 0755 "$SDK/python/cmd/pulumi-language-python-exec" "$2/"
+  install -m 0755 "$SDK/python/dist/pulumi-resource-pulumi-python" "$2/"
   # The Python language host is a separate module with no tags; the Go module proxy this
   # machine reaches does not serve it. pkobatch does not need it: the runner hands the
   # program to the CLI through the Automation API's own language server (--client), and
   # dynamic providers run through pulumi-resource-pulumi-python. Build it when available.
   step="pulumi: language host"
   if go get -tool "github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3@$PULUMI_LANGUAGE_HOST_COMMIT" 2>/dev/null; then
-    go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace -ldflags "$LDF" -o "$out.tmp/pulumi-language-python" \
+    go build -trimpath -buildvcs=false -tags osusergo,grpcnotrace -ldflags "$LDF" -o "$2/pulumi-language-python" \
       github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3
   else
     say "pulumi-language-python: not served by the Go module proxy; skipped (not needed, see docs/runner.md)"
   fi
-  cd "$here"; rm -rf "$w"
-  step="pulumi: verify"
-  got=$("$out.tmp/pulumi" version)
-  [ "$got" = "v$V" ] || { echo "tools.sh: built pulumi reports '$got', expected v$V" >&2; exit 1; }
-  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
 }
+
+build_pulumi() { compile_pulumi_cli "$PULUMI_VERSION" pulumi python; }
+
+# An older CLI, first on the PATH of the e2e tests' runs that check PulumiVersionTooLow.
+build_pulumi_old() { compile_pulumi_cli "$PULUMI_OLD_VERSION" pulumi_old; }
 
 build_yaml() {
   local V=$PULUMI_YAML_VERSION out="$TOOLS/yaml-$PULUMI_YAML_VERSION"
@@ -438,7 +453,7 @@ build_kstatus() {
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus node containerd cni_plugins crictl)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus node containerd cni_plugins crictl pulumi_old)" >&2; exit 2; }
   "build_$t"
 done
 step=""

@@ -31,6 +31,7 @@ Component = Literal[
     "containerd",
     "cni_plugins",
     "crictl",
+    "pulumi_old",
 ]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
@@ -55,6 +56,10 @@ demo does not."""
 NODE_TOOLS: Final[tuple[Component, ...]] = ("node", "containerd", "cni_plugins", "crictl")
 """The real node's components (``pkobatch.dev.node``; runc comes from the host):
 ``scripts/test.sh`` builds them, the demo does not."""
+VERSION_CHECK_TOOLS: Final[tuple[Component, ...]] = ("pulumi_old",)
+"""A Pulumi CLI older than ``config set-all --json``, which the end-to-end test of the
+``PulumiVersionTooLow`` check puts first on a run's ``PATH``: ``scripts/test.sh`` builds it,
+the demo does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
@@ -71,6 +76,7 @@ _VERSION_KEYS: Final[dict[Component, str]] = {
     "containerd": "CONTAINERD_VERSION",
     "cni_plugins": "CNI_PLUGINS_VERSION",
     "crictl": "CRI_TOOLS_VERSION",
+    "pulumi_old": "PULUMI_OLD_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -93,6 +99,8 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
     "cni_plugins": ("bridge", "host-local", "loopback", "portmap"),
     "crictl": ("crictl",),
+    # A Pulumi CLI older than `config set-all --json`, for the PulumiVersionTooLow tests.
+    "pulumi_old": ("pulumi",),
 }
 ARGOCD_STACK_HEALTH: Final = Path("pulumi.com", "Stack", "health.lua")
 """Argo CD's built-in health check for Stacks, inside the ``argocd_health`` directory."""
@@ -144,6 +152,7 @@ class Tools:
     containerd: Path | None = None
     cni_plugins: Path | None = None
     crictl: Path | None = None
+    pulumi_old: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

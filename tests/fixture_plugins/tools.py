@@ -9,6 +9,9 @@ Session scope
 ``kubernetes_provider`` -> Path: the bin dirs of ``pulumi-language-yaml`` and
 ``pulumi-resource-kubernetes`` (requiring them; both are on ``pulumi_env``'s PATH when built).
 
+``pulumi_old_bin`` -> Path: the bin dir of an older Pulumi CLI (``PULUMI_OLD_VERSION``, before
+``config set-all --json``); ``cluster.pulumi_old_image`` pods get it first on PATH.
+
 ``health_tools`` -> ``Tools``: Argo CD's health check for Stacks and the kstatus program.
 
 ``all_tools`` -> ``Tools``: etcd, Kubernetes and Pulumi, all built (for tests that start their
@@ -54,6 +57,11 @@ def require_tools(components: tuple[Component, ...]) -> Tools:
 @pytest.fixture(scope="session")
 def pulumi_bin() -> Path:
     return require_tools(("pulumi",)).bin_dir("pulumi")
+
+
+@pytest.fixture(scope="session")
+def pulumi_old_bin() -> Path:
+    return require_tools(("pulumi_old",)).bin_dir("pulumi_old")
 
 
 @pytest.fixture(scope="session")

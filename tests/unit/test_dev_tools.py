@@ -14,6 +14,7 @@ from pkobatch.dev.tools import (
     ECOSYSTEM_TOOLS,
     NODE_TOOLS,
     PULUMI_PLUGINS,
+    VERSION_CHECK_TOOLS,
     Component,
     ToolsMissing,
     available_tools,
@@ -40,12 +41,12 @@ def _build(component: Component, *binaries: str) -> Path:
 def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
     script = TOOLS_SH.read_text()
     built = set(re.findall(r"^build_(\w+)\(\) \{", script, re.MULTILINE))
-    assert built == set(COMPONENTS) | set(ECOSYSTEM_TOOLS) | set(NODE_TOOLS)
+    assert built == {*COMPONENTS, *ECOSYSTEM_TOOLS, *NODE_TOOLS, *VERSION_CHECK_TOOLS}
     default = re.search(r"^want=\$\{\*:-(.*)\}$", script, re.MULTILINE)
     assert default is not None and default.group(1).split() == list(COMPONENTS)
-    # The test command builds the ecosystem tools and the real node; the default (bootstrap,
-    # demo) does not.
-    only_tests = " ".join((*ECOSYSTEM_TOOLS, *NODE_TOOLS))
+    # The test command builds the ecosystem tools, the real node and the old Pulumi CLI; the
+    # default (bootstrap, demo) does not.
+    only_tests = " ".join((*ECOSYSTEM_TOOLS, *NODE_TOOLS, *VERSION_CHECK_TOOLS))
     assert f"bash scripts/tools.sh {only_tests}" in TEST_SH.read_text()
     pinned = versions()
     for key in (
@@ -61,6 +62,12 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
         "CRI_TOOLS_VERSION",
     ):
         assert f"${key}" in script and pinned[key].startswith("v")
+    # The old CLI is older than the main one (Pulumi's versions carry no "v" here).
+    old, current = (
+        tuple(int(part) for part in pinned[key].split("."))
+        for key in ("PULUMI_OLD_VERSION", "PULUMI_VERSION")
+    )
+    assert "$PULUMI_OLD_VERSION" in script and old < current
 
 
 def test_pulumi_path_lists_the_cli_and_the_built_plugins(
