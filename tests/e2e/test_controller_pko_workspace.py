@@ -5,26 +5,32 @@ its own RBAC, the real runner and Pulumi CLI.
   ``spec.workspaceTemplate.spec.podTemplate``, as in PKO's own test manifest, appends
   ``PULUMI_CONFIG_PASSPHRASE=...`` to ``$PULUMI_ENV`` on the ``share`` volume; the run uses
   that passphrase, which appears nowhere (a sentinel);
-- the CLI version check: structured config with a Pulumi CLI older than the minimum stalls
-  the Stack as ``PulumiVersionTooLow`` after exactly one run, while string config runs. No
-  old CLI is built here: the real CLI is made "too old" by raising the minimum
-  (``PKOBATCH_JSON_CONFIG_MIN_PULUMI_VERSION``).
+- the CLI version check, with a real old Pulumi CLI (``scripts/tools.sh pulumi_old``,
+  v3.197.0 as in PKO's test, before ``config set-all --json``) first on the run's PATH: the
+  node agent gives pods of ``cluster.pulumi_old_image`` that PATH, and a controller whose
+  runner image is that image runs them there (the runner itself, not an injected bundle:
+  only the CLI matters here). Structured config stalls the Stack as ``PulumiVersionTooLow``
+  after exactly one run, with PKO's minimum v3.202.0 in the message; string config reaches
+  Ready, deployed by the old CLI.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from controller_harness import (
     ControllerProcess,
     apply_stack,
+    bind_runner,
     condition,
     create_secret,
     last_update,
-    literal,
     ready,
     stack_jobs,
     stack_spec,
@@ -32,8 +38,9 @@ from controller_harness import (
 )
 from sentinels import plant
 
+from pkobatch.controller.jobs import CONTAINER_NAME
+from pkobatch.dev.tools import versions
 from pkobatch.kube.client import Kube
-from pkobatch.runner.stack_config import JSON_CONFIG_MIN_VERSION_ENV
 
 
 def _export_with(pulumi_env: Any, passphrase: str) -> subprocess.CompletedProcess[str]:
@@ -114,20 +121,45 @@ def test_an_init_container_writing_pulumi_env_gives_the_run_its_passphrase(
     assert "passphrase" in wrong.stderr.lower()
 
 
-def test_structured_config_on_a_too_old_cli_stalls_after_one_run_string_config_runs(
+@pytest.fixture
+def old_cli_controller(
+    cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_old_bin: Path
+) -> Iterator[ControllerProcess]:
+    """The controller with the old CLI's image as its runner image."""
+    bind_runner(cluster.kube, namespace)
+    process = ControllerProcess(
+        cluster,
+        namespace,
+        tmp_path / "controller",
+        env={"PKOBATCH_JOB__IMAGE": cluster.pulumi_old_image},
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def _deployed_by(pulumi_env: Any) -> str:
+    """The CLI version in the test program's stack state (its deployment manifest)."""
+    exported = _export_with(pulumi_env, pulumi_env.passphrase)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    version: str = json.loads(exported.stdout)["deployment"]["manifest"]["version"]
+    return version
+
+
+def test_an_old_cli_stalls_structured_config_after_one_run_and_runs_string_config(
+    cluster: Any,
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    old_cli_controller: ControllerProcess,
     secrets: dict[str, Any],
     git_repo: Callable[..., Any],
     pulumi_env: Any,
+    pulumi_old_bin: Path,
 ) -> None:
-    too_old = {JSON_CONFIG_MIN_VERSION_ENV: literal("99.0.0")}
-    strings = stack_spec(git_repo(), pulumi_env)
-    strings["envRefs"].update(too_old)
+    old_image = {"spec": {"image": cluster.pulumi_old_image}}
+    strings = stack_spec(git_repo(), pulumi_env, workspaceTemplate=old_image)
     apply_stack(kube, namespace, "strings", strings)
-    structured = stack_spec(git_repo(), pulumi_env)
-    structured["envRefs"].update(too_old)
+    structured = stack_spec(git_repo(), pulumi_env, workspaceTemplate=old_image)
     structured["config"]["files"] = 1  # an integer: structured config
     apply_stack(kube, namespace, "structured", structured)
 
@@ -140,8 +172,17 @@ def test_structured_config_on_a_too_old_cli_stalls_after_one_run_string_config_r
     )
     assert condition(stalled, "Stalled")["reason"] == "PulumiVersionTooLow"
     message = condition(stalled, "Stalled")["message"]
-    assert "does not support JSON configuration, require >= v99.0.0" in message, message
+    old = f"v{versions()['PULUMI_OLD_VERSION']}"
+    expected = f"Pulumi CLI version {old} does not support JSON configuration, require >= v3.202.0"
+    assert expected in message, message
     assert last_update(stalled)["reason"] == "PulumiVersionTooLow"
-    assert wait_stack(kube, namespace, "strings", ready, timeout=600)
-    controller.caught_up()
+    stack = wait_stack(kube, namespace, "strings", ready, timeout=600)
+    assert last_update(stack)["state"] == "succeeded"
+    assert _deployed_by(pulumi_env) == old
+    # What the node agent started: every run with the old CLI first on PATH.
+    launches = cluster.agent.launches(namespace)
+    runs = [launch for launch in launches if launch.container == CONTAINER_NAME]
+    assert len(runs) == 2
+    assert {run.path.split(os.pathsep)[0] for run in runs} == {str(pulumi_old_bin)}
+    old_cli_controller.caught_up()
     assert len(stack_jobs(kube, namespace, "structured")) == 1

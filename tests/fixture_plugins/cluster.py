@@ -21,6 +21,8 @@ controller's pods as local processes, with ``crds/`` installed.
     cluster.agent           NodeAgent
     cluster.pulumi_image    str    a stock Pulumi image (the CLI, no pkobatch): its pods get
                                    the Pulumi bin dir on PATH but not this interpreter's
+    cluster.pulumi_old_image str  an image whose pods get the old Pulumi CLI (``pulumi_old_bin``,
+                                   when built) first on PATH, then the Pulumi bin dirs
     cluster.service_account_kubeconfig(namespace, name, path) -> Path
                                    kubeconfig with a real TokenRequest token for that SA
     cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
@@ -76,13 +78,15 @@ from pkobatch.dev.controlplane import ControlPlane, default_crds_dir, install_cr
 from pkobatch.dev.environment import NodeKind, dev_environment
 from pkobatch.dev.node import NodeError, RealNode, find_runc
 from pkobatch.dev.node_agent import NodeAgent
-from pkobatch.dev.tools import NODE_TOOLS, Tools, available_tools
+from pkobatch.dev.tools import NODE_TOOLS, VERSION_CHECK_TOOLS, Tools, available_tools, versions
 from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
 from pkobatch.kube.pod_logs import ApiPodLogs
 
 RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
 # The image PKO's examples run: the Pulumi CLI and language hosts, no pkobatch.
 PULUMI_IMAGE = "pulumi/pulumi:3.134.1-nonroot"
+# The image of PKO's PulumiVersionTooLow test: a CLI before `config set-all --json`.
+PULUMI_OLD_IMAGE = f"pulumi/pulumi:{versions()['PULUMI_OLD_VERSION']}-nonroot"
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Cluster:
     tools: Tools
     _clients: list[Kube] = field(default_factory=list)
     pulumi_image: str = PULUMI_IMAGE
+    pulumi_old_image: str = PULUMI_OLD_IMAGE
     node: RealNode | None = None  # the real node (``node_cluster``)
 
     @property
@@ -222,13 +227,18 @@ def _cluster(
     node: NodeKind = "agent",
 ) -> Iterator[Cluster]:
     pulumi_path = tools.pulumi_path()
+    image_paths = {PULUMI_IMAGE: pulumi_path}
+    pulumi_old = available_tools(VERSION_CHECK_TOOLS).pulumi_old
+    if pulumi_old is not None:
+        # Its own CLI first; the plugins (and the Python dynamic-provider host) from the rest.
+        image_paths[PULUMI_OLD_IMAGE] = [str(pulumi_old), *pulumi_path]
     with dev_environment(
         state,
         tools,
         crds_dir=crds_dir,
         # The agent runs at most this many at once; a kubelet takes them as its capacity.
         max_pods=8 if node == "agent" else 32,
-        image_paths={PULUMI_IMAGE: pulumi_path},
+        image_paths=image_paths,
         node=node,
     ) as environment:
         result = Cluster(
