@@ -3,52 +3,34 @@ that its pins agree with pkobatch's own (versions.env, Settings, pyproject)."""
 
 from __future__ import annotations
 
-import re
+import os
+import runpy
+import subprocess
+import sys
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from pkobatch.config import JobSettings
+from pkobatch.dev.images import (
+    BASES,
+    IMAGE_NAMES,
+    TARGETS,
+    Stage,
+    _copied_sources,
+    _stages_of,
+    apt_sources,
+    parse_dockerfile,
+)
 from pkobatch.dev.tools import versions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "jobs" / "Dockerfile"
 
 
-@dataclass
-class Stage:
-    name: str
-    base: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def last(self, keyword: str) -> str:
-        values = [value for key, value in self.instructions if key == keyword]
-        assert values, f"stage {self.name} has no {keyword}"
-        return values[-1]
-
-
 def parse() -> tuple[dict[str, str], list[Stage]]:
-    """Global ARG defaults and the stages, from the Dockerfile's logical lines."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        keyword, _, rest = line.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", rest.strip(), flags=re.IGNORECASE)
-            assert match, f"every stage is named: {line}"
-            stages.append(Stage(match.group(2), match.group(1)))
-        elif not stages and keyword == "ARG":
-            name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip()
-        else:
-            assert stages, f"{line!r} before the first FROM"
-            stages[-1].instructions.append((keyword, rest.strip()))
-    return args, stages
+    return parse_dockerfile(DOCKERFILE.read_text())
 
 
 def stage(name: str) -> Stage:
@@ -59,21 +41,58 @@ def stage(name: str) -> Stage:
 
 def test_the_targets_exist_and_plain_docker_build_gives_the_runner() -> None:
     _, stages = parse()
-    assert [s.name for s in stages] == ["bundle", "runner-bundle", "runner"]
+    assert [s.name for s in stages] == ["bundle", "runner-bundle", "controller", "runner"]
+    assert sorted(TARGETS) == sorted(s.name for s in stages if s.name != "bundle")
 
 
 def test_the_images_run_as_numeric_non_root_users() -> None:
     # runAsNonRoot can only verify a numeric user.
-    for name in ("runner", "runner-bundle"):
+    for name in TARGETS:
         user, _, group = stage(name).last("USER").partition(":")
         assert user.isdigit() and int(user) != 0, f"{name}: USER {user}"
         assert group.isdigit() and int(group) != 0, f"{name}: group {group}"
 
 
+def test_every_base_is_a_build_argument_defaulting_to_the_real_image() -> None:
+    args, stages = parse()
+    assert {s.base for s in stages} == {f"${{{arg}}}" for arg in BASES}
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    assert args["BUSYBOX_IMAGE"] == "busybox:1.37"
+    assert args["PULUMI_IMAGE"] == "pulumi/pulumi:${PULUMI_VERSION}-nonroot"
+
+
+def test_each_target_builds_from_its_own_stages_and_context() -> None:
+    _, stages = parse()
+    assert [s.name for s in _stages_of("controller", stages)] == ["controller"]
+    assert [s.name for s in _stages_of("runner", stages)] == ["runner", "bundle"]
+    assert [s.name for s in _stages_of("runner-bundle", stages)] == ["runner-bundle", "bundle"]
+    assert _copied_sources(_stages_of("runner", stages)) == [
+        "pyproject.toml",
+        "README.md",
+        "pkobatch",
+        "jobs/build-runner-bundle.sh",
+        "jobs/runner_bundle_entry.py",
+        "jobs/runner_launcher.c",
+    ]
+
+
+def test_the_images_are_the_ones_the_kustomize_install_names() -> None:
+    deployment = yaml.safe_load(
+        (REPO_ROOT / "deploy/kustomize/base/controller/deployment.yaml").read_text()
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == IMAGE_NAMES["controller"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PKOBATCH_JOB__IMAGE"] == IMAGE_NAMES["runner"] == JobSettings().image
+    user = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+    assert stage("controller").last("USER") == "{}:{}".format(*user)
+
+
 def test_the_runner_is_the_official_pulumi_image_at_pkobatchs_version() -> None:
     args, _ = parse()
     assert args["PULUMI_VERSION"] == versions()["PULUMI_VERSION"]
-    assert stage("runner").base == "pulumi/pulumi:${PULUMI_VERSION}-nonroot"
+    assert stage("runner").base == "${PULUMI_IMAGE}"
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     assert f"pulumi=={args['PULUMI_VERSION']}" in pyproject["project"]["dependencies"]
 
@@ -98,3 +117,77 @@ def test_the_bundle_stage_builds_the_static_launcher() -> None:
     assert "gcc" in installs.split() and "libc6-dev" in installs.split()
     copied = " ".join(args for kind, args in instructions if kind == "COPY")
     assert "jobs/runner_launcher.c" in copied.split()
+
+
+def test_the_controller_image_installs_every_dependency_but_the_runners() -> None:
+    script = runpy.run_path(str(REPO_ROOT / "jobs" / "controller_requirements.py"))
+    pyproject_text = (REPO_ROOT / "pyproject.toml").read_text()
+    pyproject = tomllib.loads(pyproject_text)
+    dependencies = pyproject["project"]["dependencies"]
+    requirements = script["controller_requirements"](pyproject_text)
+    assert [d for d in dependencies if d not in requirements] == ["pulumi==3.259.0"]
+    # import-linter forbids the controller exactly what its image leaves out.
+    (contract,) = [
+        c
+        for c in pyproject["tool"]["importlinter"]["contracts"]
+        if "pkobatch.controller" in c["source_modules"] and "pulumi" in c["forbidden_modules"]
+    ]
+    assert tuple(contract["forbidden_modules"]) == script["RUNNER_ONLY"]
+    assert "&& python3 /src/controller_requirements.py /src/pyproject.toml >" in " ".join(
+        value for key, value in stage("controller").instructions if key == "RUN"
+    )
+
+
+# Runs `pkobatch` as the controller image does, with the Pulumi SDK (and gRPC) impossible to
+# import.
+WITHOUT_PULUMI = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ("pulumi", "grpc"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+sys.argv[0] = "pkobatch"
+from pkobatch.main import main
+main()
+"""
+
+
+def test_pkobatch_controller_starts_without_the_pulumi_sdk() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PKOBATCH_")}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PULUMI, "controller", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Run the Stack controller" in done.stdout
+
+
+def test_the_stand_ins_use_this_machines_bookworm_apt_sources(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text(
+        "# a comment\n"
+        "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://mirror.test/debian"
+        " bookworm main contrib\n"
+        "deb-src http://mirror.test/debian bookworm main\n"
+        "deb http://mirror.test/debian trixie main\n"
+    )
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.test/security\nSuites: bookworm-security\n"
+        "Components: main\n\n"
+        "Types: deb\nURIs: http://other.test\nSuites: bookworm\nComponents: main\nEnabled: no\n"
+    )
+    (tmp_path / "sources.list.d" / "nodesource.sources").write_text(
+        "Types: deb\nURIs: https://node.test\nSuites: nodistro\nComponents: main\n"
+    )
+    assert apt_sources(tmp_path) == (
+        "Types: deb\nURIs: http://mirror.test/security\nSuites: bookworm-security\n"
+        "Components: main\n\n"
+        "Types: deb\nURIs: http://mirror.test/debian\nSuites: bookworm\n"
+        "Components: main contrib\nSigned-By: /usr/share/keyrings/k.gpg\n"
+    )
+    assert apt_sources(tmp_path / "absent") == ""
