@@ -297,14 +297,15 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     assert settings.log_level == "warning"
 
 
-def test_the_controller_image_is_the_default_run_image(helm_bin: Path) -> None:
+def test_the_runs_use_the_runner_image_at_the_controller_images_tag(helm_bin: Path) -> None:
     objects = template(
-        helm_bin, sets=["image.repository=registry.example.com/pkobatch", "image.tag=2.0.0"]
+        helm_bin,
+        sets=["image.repository=registry.example.com/pkobatch/controller", "image.tag=2.0.0"],
     )
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "registry.example.com/pkobatch:2.0.0"
-    assert controller_env(objects)["PKOBATCH_JOB__IMAGE"]["value"] == image
+    assert image == "registry.example.com/pkobatch/controller:2.0.0"
+    assert controller_env(objects)["PKOBATCH_JOB__IMAGE"]["value"] == "pkobatch/runner:2.0.0"
 
 
 def test_namespaced_scope_grants_roles_in_every_watched_namespace(helm_bin: Path) -> None:

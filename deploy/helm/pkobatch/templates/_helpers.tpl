@@ -30,6 +30,13 @@ app.kubernetes.io/component: controller
 {{- end }}
 
 {{/*
+The image of every run: job.image, else pkobatch/runner at the controller image's tag.
+*/}}
+{{- define "pkobatch.runnerImage" -}}
+{{ .Values.job.image | default (printf "pkobatch/runner:%s" (.Values.image.tag | default .Chart.AppVersion)) }}
+{{- end }}
+
+{{/*
 Namespaces with the controller's Roles when rbac.scope=namespace (default: the release's).
 */}}
 {{- define "pkobatch.watchedNamespaces" -}}
