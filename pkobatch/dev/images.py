@@ -165,6 +165,17 @@ def _stages_of(target: str, stages: Sequence[Stage]) -> list[Stage]:
     return needed
 
 
+def _bases_of(stages: Sequence[Stage]) -> list[str]:
+    """The base build arguments (``PYTHON_IMAGE``, ...) the stages are built on."""
+    return sorted({arg for stage in stages for arg in BASES if stage.base == f"${{{arg}}}"})
+
+
+def tools_of(target: str) -> tuple[Component, ...]:
+    """The built tools (``scripts/tools.sh``) the bases of ``target`` take in."""
+    _, stages = parse_dockerfile((REPO_ROOT / DOCKERFILE).read_text())
+    return tuple(c for arg in _bases_of(_stages_of(target, stages)) for c in BASES[arg].tools)
+
+
 def _copied_sources(stages: Sequence[Stage]) -> list[str]:
     """The build context's paths that the stages ``COPY`` (not from other stages)."""
     sources: list[str] = []
@@ -253,6 +264,9 @@ class BaseRecipe:
     config: tuple[str, ...] = ()
     host_sources: bool = True
     """Whether it gets this machine's CA certificates and pip settings (it runs apt or pip)."""
+    hook_stage: str = "customize"
+    """When mmdebstrap runs the hooks: ``customize`` (installed) or ``extract`` (the only
+    hooks the ``extract`` variant runs)."""
 
 
 BASES: Final[dict[str, BaseRecipe]] = {
@@ -262,7 +276,13 @@ BASES: Final[dict[str, BaseRecipe]] = {
             build_arg="PYTHON_IMAGE",
             name="python",
             variant="minbase",
-            packages=("ca-certificates", "python3", "python3-venv", "python-is-python3"),
+            packages=(
+                "ca-certificates",
+                "libpython3.11",
+                "python3",
+                "python3-venv",
+                "python-is-python3",
+            ),
             config=("--cmd", '["python3"]'),
         ),
         BaseRecipe(
@@ -271,7 +291,13 @@ BASES: Final[dict[str, BaseRecipe]] = {
             # Only busybox-static's files: no dpkg, no libc (the binary is static).
             variant="extract",
             packages=("busybox-static",),
-            hooks=('chroot "$1" /bin/busybox --install -s /bin', 'mkdir -p -m 1777 "$1/tmp"'),
+            # Links made from outside: `busybox --install` needs a /proc the chroot lacks.
+            hook_stage="extract",
+            hooks=(
+                'for applet in $(chroot "$1" /bin/busybox --list); do'
+                ' [ "$applet" = busybox ] || ln -sf busybox "$1/bin/$applet"; done',
+                'mkdir -p -m 1777 "$1/tmp"',
+            ),
             config=("--cmd", '["sh"]'),
             host_sources=False,
         ),
@@ -434,7 +460,7 @@ def _make_base(
             hooks += ['mkdir -p "$1/pulumi/bin"', f"copy-in {' '.join(binaries)} /pulumi/bin"]
         hooks += recipe.hooks
         mirrors: list[str] = []
-        if host.apt and recipe.variant != "extract":
+        if host.apt:
             (work / "host.sources").write_text(host.apt)
             mirrors.append(str(work / "host.sources"))
         rootfs = work / "rootfs.tar"
@@ -445,7 +471,7 @@ def _make_base(
                 f"--include={','.join(recipe.packages)}",
                 "--skip=output/dev",
                 *_DPKG_EXCLUDES,
-                *(f"--customize-hook={hook}" for hook in hooks),
+                *(f"--{recipe.hook_stage}-hook={hook}" for hook in hooks),
                 SUITE,
                 str(rootfs),
                 *mirrors,
@@ -532,10 +558,12 @@ def build_images(
     with _locked(root):
         (root / "archives").mkdir(exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
+        # Working containers of a build that was killed: they would pin stale layers.
+        builder.run("rm", "--all")
         base_tags: dict[str, str] = {}
         for target in targets:
             needed = _stages_of(target, stages)
-            args = sorted({a for s in needed for a in BASES if s.base == f"${{{a}}}"})
+            args = _bases_of(needed)
             for arg in args:
                 if arg not in base_tags:
                     base_tags[arg] = _base(arg, host, builder, root, say)
@@ -587,6 +615,8 @@ def _target(
         builder.run(
             "build",
             "--layers",
+            # No working containers left behind by a failed step.
+            "--force-rm",
             "--pull=never",
             "--isolation=chroot",
             "--target",
@@ -620,16 +650,14 @@ def _forget_stale(
     for tag in builder.images(_BASE_REPOSITORY):
         repository = tag.rpartition(":")[0]
         if tag not in bases and any(b.rpartition(":")[0] == repository for b in bases):
-            builder.run("rmi", tag)
+            builder.run("rmi", "--force", tag)
     for tag in builder.images(_BUILD_REPOSITORY):
         builder.run("rmi", tag)
     builder.run("rmi", "--prune")
     for image in built.values():
-        for old in (root / "archives").glob(f"{image.target}-*"):
-            if (
-                old.stem != image.archive.stem
-                and old.name.count("-") == image.target.count("-") + 1
-            ):
+        versions = re.compile(rf"{re.escape(image.target)}-[0-9a-f]{{16}}\.(tar|json|partial)")
+        for old in (root / "archives").iterdir():
+            if versions.fullmatch(old.name) and old.stem != image.archive.stem:
                 old.unlink()
 
 

@@ -19,6 +19,7 @@ from pkobatch.dev.images import (
     TARGETS,
     Stage,
     _copied_sources,
+    _stage_context,
     _stages_of,
     apt_sources,
     parse_dockerfile,
@@ -191,3 +192,14 @@ def test_the_stand_ins_use_this_machines_bookworm_apt_sources(tmp_path: Path) ->
         "Components: main contrib\nSigned-By: /usr/share/keyrings/k.gpg\n"
     )
     assert apt_sources(tmp_path / "absent") == ""
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies_without_caches(
+    tmp_path: Path,
+) -> None:
+    _, stages = parse()
+    _stage_context(_copied_sources(_stages_of("runner", stages)), DOCKERFILE, tmp_path)
+    staged = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"jobs/Dockerfile", "pyproject.toml", "pkobatch/api/stack.py"} <= staged
+    assert "jobs/job-template.yaml" not in staged
+    assert [p for p in staged if "__pycache__" in p or p.endswith(".pyc")] == []
