@@ -2,7 +2,8 @@
 # Prepare a fresh machine: Debian packages, the project virtualenv, and the real test
 # binaries (scripts/tools.sh, cached by version). Idempotent; every step says what it does.
 #
-#   scripts/bootstrap.sh                      everything the tests need
+#   scripts/bootstrap.sh                      everything the tests need (also buildah and
+#                                             mmdebstrap, which build the images)
 #   scripts/bootstrap.sh etcd kubernetes ...  only the named scripts/tools.sh components
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,6 +29,11 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+# The tests' own images (tests/node, pkobatch/dev/images.py): only for the whole test setup,
+# not for the demo, which names its components.
+if [ $# -eq 0 ]; then
+  for tool in buildah mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"

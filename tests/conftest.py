@@ -18,6 +18,9 @@ its fixtures and what they give; ``pytest --fixtures`` shows where each is defin
 ``fixture_plugins/pulumi.py``   ``pulumi_env``: the offline Pulumi environment
 ``fixture_plugins/receivers.py`` ``receivers_on_loopback``, ``hanging``: webhook receivers for
                                 notification tests
+``fixture_plugins/images.py``   ``built_images``, ``image_containers``: pkobatch's images built
+                                on stand-in bases (pkobatch.dev.images), or fail (CI) / skip
+                                (locally) saying how to install the builder
 ``fixture_plugins/tools.py``    ``pulumi_bin``, ``yaml_host``, ``kubernetes_provider``,
                                 ``all_tools``, ``health_tools``, ``helm_bin``, ``promtool_bin``,
                                 ``prometheus_operator_crds``: built binaries, or fail (CI) /
@@ -43,6 +46,7 @@ pytest_plugins = [
     "fixture_plugins.git",
     "fixture_plugins.pulumi",
     "fixture_plugins.receivers",
+    "fixture_plugins.images",
 ]
 
 TESTS = Path(__file__).resolve().parent

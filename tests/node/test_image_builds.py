@@ -1,0 +1,110 @@
+"""Every target of jobs/Dockerfile, built with buildah on the stand-in bases
+(pkobatch.dev.images) and checked from its OCI archive: configuration, user, and commands run
+in a container made from the archive."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+from fixture_plugins.images import Containers, ImageContainer, Images
+
+from pkobatch import __version__
+from pkobatch.config import JobSettings
+from pkobatch.dev.images import TARGETS, BuiltImage, build_images, image_config
+from pkobatch.dev.tools import versions
+
+# What a run's pod would find of a language runtime: none of these may be in the controller.
+LANGUAGE_RUNTIMES = ("pulumi", "node", "npm", "go", "dotnet", "java", "pulumi-language-yaml")
+
+
+def config_of(image: BuiltImage) -> dict[str, object]:
+    config = image_config(image.archive)["config"]
+    assert isinstance(config, dict)
+    return config
+
+
+def succeeded(container: ImageContainer, *argv: str) -> str:
+    done = container.run(*argv)
+    assert done.returncode == 0, f"{argv} failed ({done.returncode}): {done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_target_is_an_oci_archive_named_as_the_install_names_it(
+    built_images: Images, target: str
+) -> None:
+    image = built_images[target]
+    with tarfile.open(image.archive) as archive:
+        index_file = archive.extractfile("index.json")
+        assert index_file is not None
+        (manifest,) = json.load(index_file)["manifests"]
+    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == image.reference
+    assert image.reference == f"docker.io/pkobatch/{target}:{__version__}"
+    assert 0 < image.archive_bytes < image.unpacked_bytes
+
+
+def test_a_second_build_comes_from_the_cache(built_images: Images) -> None:
+    again = build_images(list(built_images.built))
+    assert {t: i.archive for t, i in again.items()} == {
+        t: i.archive for t, i in built_images.built.items()
+    }
+    assert all(image.cached for image in again.values())
+
+
+def test_the_runner_runs_pkobatch_and_the_pulumi_cli_as_uid_1000(
+    built_images: Images, image_containers: Containers
+) -> None:
+    config = config_of(built_images["runner"])
+    assert config["User"] == "1000:1000"
+    assert not config.get("Entrypoint")
+    assert config["Cmd"] == ["pkobatch", "--help"]
+    assert "PKOBATCH_CACHE_DIR=/var/cache/pkobatch" in config["Env"]  # type: ignore[operator]
+    runner = image_containers["runner"]
+    assert succeeded(runner, "id", "-u").strip() == "1000"
+    assert succeeded(runner, "pkobatch", "--version").strip() == f"pkobatch, version {__version__}"
+    assert succeeded(runner, "pulumi", "version").strip() == f"v{versions()['PULUMI_VERSION']}"
+    bundle = JobSettings().runner_bundle
+    assert __version__ in succeeded(runner, bundle, "--version")
+    # The runner's own virtualenv has the Pulumi SDK the Automation API needs.
+    succeeded(runner, "/opt/pkobatch/venv/bin/python", "-c", "import pulumi.automation")
+
+
+def test_the_runner_bundle_image_copies_the_bundle_as_its_init_container_does(
+    built_images: Images, image_containers: Containers
+) -> None:
+    assert config_of(built_images["runner-bundle"])["User"] == "65532:65532"
+    bundle = JobSettings().runner_bundle
+    container = image_containers["runner-bundle"]
+    succeeded(container, "cp", bundle, "/tmp/pkobatch-runner")
+    listing = succeeded(container, "ls", "-l", "/tmp/pkobatch-runner")
+    assert listing.startswith("-rwx"), listing
+
+
+def test_the_controller_image_runs_the_controller_without_pulumi_or_language_runtimes(
+    built_images: Images, image_containers: Containers
+) -> None:
+    config = config_of(built_images["controller"])
+    assert config["User"] == "65532:65532"
+    assert config["Cmd"] == ["pkobatch", "controller"]
+    controller = image_containers["controller"]
+    assert succeeded(controller, "id", "-u").strip() == "65532"
+    assert "Run the Stack controller" in succeeded(controller, "pkobatch", "controller", "--help")
+    installed = succeeded(controller, "/opt/pkobatch/venv/bin/python", "-m", "pip", "list")
+    names = {line.split()[0].lower() for line in installed.splitlines()[2:]}
+    assert {"pkobatch", "kubernetes", "pydantic"} <= names
+    assert names.isdisjoint({"pulumi", "grpcio", "protobuf"}), sorted(names)
+    no_sdk = controller.run("/opt/pkobatch/venv/bin/python", "-c", "import pulumi")
+    assert "ModuleNotFoundError" in no_sdk.stderr
+    found = controller.run(
+        "sh", "-c", f"for p in {' '.join(LANGUAGE_RUNTIMES)}; do command -v $p; done"
+    )
+    assert found.stdout == ""
+
+
+def test_the_controller_image_carries_a_fraction_of_the_runners_code(
+    built_images: Images,
+) -> None:
+    # The Pulumi SDK, the CLI and its plugins are most of the runner.
+    assert built_images["controller"].unpacked_bytes < built_images["runner"].unpacked_bytes / 3
