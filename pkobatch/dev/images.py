@@ -731,12 +731,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build jobs/Dockerfile's targets on bases made from Debian's packages "
         "(cached by their inputs) and print each image's size.",
     )
-    parser.add_argument("targets", nargs="*", choices=[*TARGETS, []], default=list(TARGETS))
+    parser.add_argument(
+        "targets", nargs="*", metavar="TARGET", help=f"default: {' '.join(TARGETS)}"
+    )
     targets = parser.parse_args(argv).targets or list(TARGETS)
     started = time.monotonic()
     try:
         images = build_images(targets, progress=True)
-    except (BuilderMissing, ImageBuildFailed, ToolsMissing) as exc:
+    except (BuilderMissing, ImageBuildFailed, ToolsMissing, ValueError) as exc:
         print(f"images: {exc}", file=sys.stderr)
         return 1
     print(summary(images))
