@@ -19,10 +19,12 @@ too), and its pip index settings as ``/etc/pip.conf``, so the Dockerfile's ``apt
 
 Everything lives under ``images_root()`` (``$PKOBATCH_IMAGES_DIR``, default
 ``~/.cache/pkobatch/images``): buildah's own storage (not the host's), the build logs, and
-each target as an OCI archive ``archives/<target>-<key>.tar`` named ``docker.io/<image>``
-inside, where the key hashes every input (the build context the Dockerfile copies, the
-Dockerfile, the bases' keys). A base's key hashes its recipe and this machine's sources,
-certificates, pip settings and tool binaries. A cached target costs a hash of its context.
+each target as an OCI archive ``archives/<target>-<key>.tar`` whose image is named
+``docker.io/<image>`` (as its OCI ref name and as containerd's ``io.containerd.image.name``,
+which ``ctr images import`` names it by), where the key hashes every input (the build
+context the Dockerfile copies, the Dockerfile, the bases' keys). A base's key hashes its
+recipe and this machine's sources, certificates, pip settings and tool binaries. A cached
+target costs a hash of its context.
 
     python -m pkobatch.dev.images [TARGET ...]     build what is missing, print the sizes
 """
@@ -33,6 +35,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -62,12 +65,16 @@ IMAGE_NAMES: Final[dict[str, str]] = {
 BUILDER_PACKAGES: Final = ("buildah", "mmdebstrap")
 """Debian packages (and programs) this module runs; ``scripts/bootstrap.sh`` installs them."""
 SUITE: Final = "bookworm"
+CONTAINERD_NAME: Final = "io.containerd.image.name"
 _BASE_REPOSITORY: Final = "localhost/pkobatch-base"
 _BUILD_REPOSITORY: Final = "localhost/pkobatch-build"
 _PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Left out of every stand-in, as the slim images leave them out.
-_DPKG_EXCLUDES: Final = tuple(
-    f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "info", "locale")
+# Debian's own images leave out the docs and keep no apt caches (their docker-clean); so do
+# the stand-ins, which otherwise carry 80 MB of caches into every image that runs apt-get.
+_DEBIAN_IMAGE_OPTIONS: Final = (
+    *(f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "info", "locale")),
+    '--aptopt=Dir::Cache::pkgcache ""',
+    '--aptopt=Dir::Cache::srcpkgcache ""',
 )
 # pip settings of this machine that say where packages come from (not host paths such as
 # cert or find-links: the certificates go into the stand-ins' trust store instead).
@@ -421,7 +428,7 @@ def _base_tag(recipe: BaseRecipe, host: HostSources) -> str:
     key = _digest(
         repr(recipe),
         SUITE,
-        *_DPKG_EXCLUDES,
+        *_DEBIAN_IMAGE_OPTIONS,
         host.apt,
         *(host.certificates if recipe.host_sources else ()),
         host.pip_conf if recipe.host_sources else "",
@@ -470,7 +477,7 @@ def _make_base(
                 f"--variant={recipe.variant}",
                 f"--include={','.join(recipe.packages)}",
                 "--skip=output/dev",
-                *_DPKG_EXCLUDES,
+                *_DEBIAN_IMAGE_OPTIONS,
                 *(f"--{recipe.hook_stage}-hook={hook}" for hook in hooks),
                 SUITE,
                 str(rootfs),
@@ -629,9 +636,11 @@ def _target(
             str(context),
             log=log,
         )
+    pushed = archive.with_suffix(".pushed")
     partial = archive.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    builder.run("push", tag, f"oci-archive:{partial}:docker.io/{name}", log=log)
+    builder.run("push", tag, f"oci-archive:{pushed}:docker.io/{name}", log=log)
+    _name_for_containerd(pushed, partial, f"docker.io/{name}")
+    pushed.unlink()
     partial.rename(archive)
     unpacked = unpacked_bytes(archive)
     summary.write_text(json.dumps(unpacked))
@@ -655,13 +664,32 @@ def _forget_stale(
         builder.run("rmi", tag)
     builder.run("rmi", "--prune")
     for image in built.values():
-        versions = re.compile(rf"{re.escape(image.target)}-[0-9a-f]{{16}}\.(tar|json|partial)")
+        versions = re.compile(
+            rf"{re.escape(image.target)}-[0-9a-f]{{16}}\.(tar|json|pushed|partial)"
+        )
         for old in (root / "archives").iterdir():
             if versions.fullmatch(old.name) and old.stem != image.archive.stem:
                 old.unlink()
 
 
 # -- OCI archives ----------------------------------------------------------------------------
+
+
+def _name_for_containerd(source: Path, target: Path, reference: str) -> None:
+    """Copy the OCI archive with its image named for containerd too: ``ctr images import``
+    names an image by the annotation ``io.containerd.image.name``; buildah writes only
+    ``org.opencontainers.image.ref.name``."""
+    with tarfile.open(source) as pushed, tarfile.open(target, "w") as out:
+        for member in pushed:
+            data = pushed.extractfile(member) if member.isfile() else None
+            if member.name == "index.json" and data is not None:
+                index = json.load(data)
+                for manifest in index["manifests"]:
+                    manifest.setdefault("annotations", {})[CONTAINERD_NAME] = reference
+                raw = json.dumps(index).encode()
+                member.size = len(raw)
+                data = io.BytesIO(raw)
+            out.addfile(member, data)
 
 
 def _blob(archive: tarfile.TarFile, digest: str) -> bytes:
