@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Final
 
 from pkobatch import __version__
+from pkobatch.dev.oci import CONTAINERD_NAME_ANNOTATION, DEFAULT_PATH, full_name, images_root
 from pkobatch.dev.tools import Component, ToolsMissing, find_tools
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -65,10 +66,8 @@ IMAGE_NAMES: Final[dict[str, str]] = {
 BUILDER_PACKAGES: Final = ("buildah", "mmdebstrap")
 """Debian packages (and programs) this module runs; ``scripts/bootstrap.sh`` installs them."""
 SUITE: Final = "bookworm"
-CONTAINERD_NAME: Final = "io.containerd.image.name"
 _BASE_REPOSITORY: Final = "localhost/pkobatch-base"
 _BUILD_REPOSITORY: Final = "localhost/pkobatch-build"
-_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Debian's own images leave out the docs and keep no apt caches (their docker-clean); so do
 # the stand-ins, which otherwise carry 80 MB of caches into every image that runs apt-get.
 _DEBIAN_IMAGE_OPTIONS: Final = (
@@ -90,11 +89,6 @@ class BuilderMissing(Exception):
 
 class ImageBuildFailed(Exception):
     """A build step failed; the message names the step, the log and its last lines."""
-
-
-def images_root() -> Path:
-    override = os.environ.get("PKOBATCH_IMAGES_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "pkobatch" / "images"
 
 
 def missing_builder() -> list[str]:
@@ -321,7 +315,7 @@ BASES: Final[dict[str, BaseRecipe]] = {
             ),
             config=(
                 "--env",
-                f"PATH=/pulumi/bin:{_PATH}",
+                f"PATH=/pulumi/bin:{DEFAULT_PATH}",
                 "--user",
                 "1000:1000",
                 "--workingdir",
@@ -489,7 +483,9 @@ def _make_base(
         container = builder.run("from", "scratch").strip()
         try:
             builder.run("add", container, str(rootfs), "/", log=log)
-            builder.run("config", "--env", f"PATH={_PATH}", *recipe.config, container, log=log)
+            builder.run(
+                "config", "--env", f"PATH={DEFAULT_PATH}", *recipe.config, container, log=log
+            )
             builder.run("commit", "--rm", container, tag, log=log)
         except BaseException:
             with contextlib.suppress(ImageBuildFailed):
@@ -517,7 +513,7 @@ class BuiltImage:
     @property
     def reference(self) -> str:
         """The full name inside the archive (and a container runtime's after import)."""
-        return f"docker.io/{self.name}"
+        return full_name(self.name)
 
 
 def _stage_context(sources: Sequence[str], dockerfile: Path, into: Path) -> None:
@@ -638,8 +634,8 @@ def _target(
         )
     pushed = archive.with_suffix(".pushed")
     partial = archive.with_suffix(".partial")
-    builder.run("push", tag, f"oci-archive:{pushed}:docker.io/{name}", log=log)
-    _name_for_containerd(pushed, partial, f"docker.io/{name}")
+    builder.run("push", tag, f"oci-archive:{pushed}:{full_name(name)}", log=log)
+    _name_for_containerd(pushed, partial, full_name(name))
     pushed.unlink()
     partial.rename(archive)
     unpacked = unpacked_bytes(archive)
@@ -685,7 +681,7 @@ def _name_for_containerd(source: Path, target: Path, reference: str) -> None:
             if member.name == "index.json" and data is not None:
                 index = json.load(data)
                 for manifest in index["manifests"]:
-                    manifest.setdefault("annotations", {})[CONTAINERD_NAME] = reference
+                    manifest.setdefault("annotations", {})[CONTAINERD_NAME_ANNOTATION] = reference
                 raw = json.dumps(index).encode()
                 member.size = len(raw)
                 data = io.BytesIO(raw)

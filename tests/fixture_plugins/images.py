@@ -34,9 +34,9 @@ from pkobatch.dev.images import (
     BuilderMissing,
     BuiltImage,
     build_images,
-    images_root,
     tools_of,
 )
+from pkobatch.dev.oci import images_root
 from pkobatch.dev.tools import ToolsMissing, find_tools
 
 # Generous: a command in a container of a 2-core machine shared with builds.

@@ -12,7 +12,8 @@ from fixture_plugins.images import Containers, ImageContainer, Images
 
 from pkobatch import __version__
 from pkobatch.config import JobSettings
-from pkobatch.dev.images import CONTAINERD_NAME, TARGETS, BuiltImage, build_images, image_config
+from pkobatch.dev.images import TARGETS, BuiltImage, build_images, image_config
+from pkobatch.dev.oci import CONTAINERD_NAME_ANNOTATION, REF_NAME_ANNOTATION
 from pkobatch.dev.tools import versions
 
 # What a run's pod would find of a language runtime: none of these may be in the controller.
@@ -40,9 +41,9 @@ def test_each_target_is_an_oci_archive_named_as_the_install_names_it(
         index_file = archive.extractfile("index.json")
         assert index_file is not None
         (manifest,) = json.load(index_file)["manifests"]
-    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == image.reference
+    assert manifest["annotations"][REF_NAME_ANNOTATION] == image.reference
     # What `ctr images import` names the image by.
-    assert manifest["annotations"][CONTAINERD_NAME] == image.reference
+    assert manifest["annotations"][CONTAINERD_NAME_ANNOTATION] == image.reference
     assert image.reference == f"docker.io/pkobatch/{target}:{__version__}"
     assert 0 < image.archive_bytes < image.unpacked_bytes
 
