@@ -539,7 +539,7 @@ def _locked(root: Path) -> Iterator[None]:
 
 
 def build_images(
-    targets: Sequence[str] = TARGETS, *, root: Path | None = None, progress: bool = False
+    targets: Sequence[str] = TARGETS, *, progress: bool = False
 ) -> dict[str, BuiltImage]:
     """Each target of jobs/Dockerfile as an OCI archive, built on the stand-in bases unless
     its archive for the same inputs exists. Raises ``BuilderMissing`` without buildah or
@@ -552,7 +552,7 @@ def build_images(
     if not dockerfile.is_file():
         raise FileNotFoundError(f"{dockerfile} not found: build images from a pkobatch checkout")
     require_builder()
-    root = root or images_root()
+    root = images_root()
     builder = Builder(root)
     say = (lambda message: print(f"[images] {message}", file=sys.stderr)) if progress else None
     _, stages = parse_dockerfile(dockerfile.read_text())
