@@ -4,6 +4,7 @@ that its pins agree with pkobatch's own (versions.env, Settings, pyproject)."""
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -88,6 +89,13 @@ def test_the_images_are_the_ones_the_kustomize_install_names() -> None:
     assert env["PKOBATCH_JOB__IMAGE"] == IMAGE_NAMES["runner"] == JobSettings().image
     user = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
     assert stage("controller").last("USER") == "{}:{}".format(*user)
+
+
+def test_the_readme_install_names_the_images_the_repository_builds() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    install = readme.partition("## Install on a cluster")[2].partition("\n## ")[0]
+    named = set(re.findall(r"pkobatch/[a-z-]+:[0-9][^`\s]*", install))
+    assert named == {IMAGE_NAMES["controller"], IMAGE_NAMES["runner"]}
 
 
 def test_the_runner_is_the_official_pulumi_image_at_pkobatchs_version() -> None:
