@@ -79,6 +79,10 @@ NODE_CONTROLLERS: Final = (
     "root-ca-certificate-publisher-controller",
     # Binds PersistentVolumeClaims to PersistentVolumes (hostPath volumes on this node).
     "persistentvolume-binder-controller",
+    # Deployments' pods, as pkobatch's own install (its controller is a Deployment) and the
+    # programs' workloads need.
+    "deployment-controller",
+    "replicaset-controller",
 )
 PAUSE_IMAGE: Final = f"registry.k8s.io/pause:{versions()['PAUSE_VERSION']}"
 KUBELET_PORT: Final = 10250
