@@ -43,7 +43,7 @@ from pkobatch.dev.tools import ToolsMissing, find_tools
 COMMAND_TIMEOUT = 300
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> None:
     if in_ci():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
@@ -57,7 +57,7 @@ class Images:
 
     def __getitem__(self, target: str) -> BuiltImage:
         if target in self.unbuildable:
-            _unavailable(f"the {target} image cannot be built: {self.unbuildable[target]}")
+            unavailable(f"the {target} image cannot be built: {self.unbuildable[target]}")
         return self.built[target]
 
 
@@ -72,7 +72,7 @@ def built_images() -> Images:
     try:
         built = build_images([t for t in TARGETS if t not in unbuildable], progress=True)
     except BuilderMissing as exc:
-        _unavailable(str(exc))
+        unavailable(str(exc))
     return Images(built, unbuildable)
 
 
