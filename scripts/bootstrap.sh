@@ -12,22 +12,19 @@ say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 missing=()
 for tool in git openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-# PyInstaller (the runner bundle, built by the e2e tests) needs objdump and readelf; the
-# bundle's launcher is linked static with gcc and glibc's libc.a.
+command -v go >/dev/null || missing+=(golang-go)
+# PyInstaller (the runner bundle, built by the e2e tests) needs objdump and readelf; gcc links
+# the bundle's launcher and the real node's pod-sandbox pause statically (glibc's libc.a).
 command -v objdump >/dev/null || missing+=(binutils)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ "$(uname -m)" != x86_64 ] || missing+=(libc6-dev)
-# The tests run the bundle in real containers (runc), one of them a musl image.
+# runc runs the real node's containers and the tests' bundle containers (one of them a musl
+# image); ip makes the node's network, iptables holds kube-proxy's and the bridge plugin's
+# rules, and the static busybox fills the tests' images.
 command -v runc >/dev/null || missing+=(runc)
 [ -e /lib/ld-musl-x86_64.so.1 ] || [ "$(uname -m)" != x86_64 ] || missing+=(musl)
-command -v go >/dev/null || missing+=(golang-go)
-# The real node (pkobatch/dev/node.py): runc runs its containers, ip makes its network,
-# iptables holds kube-proxy's and the bridge plugin's rules, gcc builds the pod sandbox's
-# pause (statically: libc6-dev), and the static busybox fills the tests' images.
-command -v runc >/dev/null || missing+=(runc)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
-command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 # The tests' own images (tests/node, pkobatch/dev/images.py): only for the whole test setup,
 # not for the demo, which names its components.
