@@ -132,6 +132,9 @@ CRDS_NOT_INSTALLED = {
     # docs/gitops.md's Flux Kustomization (healthChecks on Stacks): kustomize-controller's
     # newest module needs Go 1.27, and the Go module proxy serves no older version.
     "kustomize.toolkit.fluxcd.io": "Flux kustomize-controller",
+    # docs/notifications.md's Flux Alert (the `flux` receiver): the Go module proxy refuses
+    # github.com/fluxcd/notification-controller, whose module holds the CRD.
+    "notification.toolkit.fluxcd.io": "Flux notification-controller",
 }
 
 
