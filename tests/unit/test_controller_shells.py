@@ -517,9 +517,11 @@ def test_observe_asks_for_failed_create_events_only_for_a_current_job_without_po
     assert observed.pod_creation_failures == {"app-up-1": 'serviceaccount "deployer" not found'}
     assert live.listed == [("events", "involvedObject.uid=job-uid,reason=FailedCreate")]
 
+    # Running with its pod ready: nothing to read (a not-ready one past 30 s gets its pods
+    # read, not its Events).
     running = job_of("app-up-1")
     running["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-    running["status"] = {"active": 1}
+    running["status"] = {"active": 1, "ready": 1}
     young = job_of("app-up-1")
     young["metadata"]["creationTimestamp"] = "2026-01-01T00:00:58Z"
     for job in (running, young):
