@@ -303,7 +303,14 @@ def test_deleted_job_or_pod_is_a_failed_run_and_a_retry(
     def pods() -> list[JSON]:
         return kube.list_objects(PODS, namespace, label_selector=f"job-name={second}")[0]
 
-    wait_until(lambda: bool(pods()), timeout=120, what="the retry's pod")
+    # Deleted once it runs: a pod deleted before the node agent has bound it stays
+    # terminating (the dev control plane runs no pod garbage collector to fail it), and the
+    # run then ends only at its 5-minute start limit.
+    wait_until(
+        lambda: any((pod.get("status") or {}).get("phase") == "Running" for pod in pods()),
+        timeout=120,
+        what="the retry's pod running",
+    )
     kube.delete(PODS, pods()[0]["metadata"]["name"], namespace)
     stack = wait_stack(kube, namespace, "app", lambda s: last_update(s).get("name") == second)
     assert last_update(stack)["state"] == "failed"
