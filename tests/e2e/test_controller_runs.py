@@ -77,6 +77,14 @@ def kubectl(cluster: Any, *args: str) -> str:
     return completed.stdout
 
 
+def create_service_account(kube: Kube, namespace: str, name: str) -> None:
+    kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        namespace,
+    )
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -666,11 +674,7 @@ def test_a_runner_that_cannot_read_its_job_still_owns_its_result(
     # Like the pkobatch-runner role, without `get` on Jobs: the runner's read of its Job fails
     # as it would during an API outage, with no way around it but the pod's own label.
     account = "runner-without-job-read"
-    kube.create(
-        SERVICEACCOUNTS,
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
-        namespace,
-    )
+    create_service_account(kube, namespace, account)
     kube.create(
         ROLES,
         {
@@ -723,11 +727,7 @@ def test_a_run_whose_service_account_has_no_role_binding_at_all_reaches_ready_on
 ) -> None:
     # A PKO manifest's ServiceAccount: nothing of pkobatch's bound to it (PKO #805).
     account = "pko-workspace"
-    kube.create(
-        SERVICEACCOUNTS,
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
-        namespace,
-    )
+    create_service_account(kube, namespace, account)
     repo = git_repo()
     apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, serviceAccountName=account))
     stack = wait_stack(kube, namespace, "app", ready)
@@ -754,11 +754,7 @@ def test_exports_without_the_rights_they_need_stall_naming_them_before_any_updat
     secrets: JSON,
 ) -> None:
     account = "pko-workspace"
-    kube.create(
-        SERVICEACCOUNTS,
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
-        namespace,
-    )
+    create_service_account(kube, namespace, account)
     repo = git_repo()
     spec = stack_spec(
         repo,
