@@ -14,9 +14,17 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pkobatch import __version__
 from pkobatch.api.constants import FLUX_SOURCE_GROUP, FLUX_SOURCE_KINDS, SHARD_LABEL
 from pkobatch.api.durations import parse_duration
 
@@ -32,12 +40,24 @@ PRIVATE_NETWORKS: Final = (
     "100.64.0.0/10",
     "fc00::/7",
 )
+# A receiver's name is part of its URL and the key of its secret in a Secret.
+RECEIVER_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+RECEIVER_KINDS: Final = ("github", "gitlab", "generic")
 # A Kubernetes kind: the CRD's rule on spec.fluxSource.sourceRef.kind is the same.
 KIND_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 
 
 def _duration(value: Any) -> Any:
     return parse_duration(value) if isinstance(value, str) else value
+
+
+def _host_port(value: str) -> str:
+    if value in ("", "0"):
+        return value
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{value!r} is not HOST:PORT or :PORT (use '0' to disable)")
+    return value
 
 
 def _comma_list(value: Any) -> Any:
@@ -53,7 +73,7 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 class JobSettings(BaseModel):
     """How the controller builds each run's Job."""
 
-    image: str = Field(default="pkobatch/runner:0.1.0", description="default runner image")
+    image: str = Field(default=f"pkobatch/runner:{__version__}", description="default runner image")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     service_account: str = Field(
         default="pkobatch-runner",
@@ -152,6 +172,71 @@ class NotificationSettings(BaseModel):
         return value
 
 
+class ReceiverSettings(BaseModel):
+    """The push receiver (docs/operations.md#push-webhooks): off unless ``addr`` is set."""
+
+    addr: str = Field(
+        default="",
+        description="HOST:PORT or :PORT the push receiver listens on (only while this replica "
+        "leads); empty or '0': no receiver",
+    )
+    receivers: CommaList = Field(
+        default_factory=list,
+        description="the receivers, NAME=KIND (KIND: github, gitlab or generic), comma "
+        "separated; each is served at /hooks/NAME",
+    )
+    secrets_dir: str = Field(
+        default="/etc/pkobatch/receivers",
+        description="directory holding one file per receiver, named after it, with its "
+        "secret (a mounted Secret with one key per receiver); read on every request",
+    )
+    rate: float = Field(
+        default=1.0, gt=0, description="requests per second each receiver accepts, on average"
+    )
+    burst: int = Field(
+        default=10, ge=1, description="requests each receiver accepts at once above the rate"
+    )
+
+    @field_validator("addr")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _host_port(value)
+
+    @field_validator("receivers")
+    @classmethod
+    def _receivers(cls, value: list[str]) -> list[str]:
+        names: set[str] = set()
+        for entry in value:
+            name, sep, kind = entry.partition("=")
+            if not sep or not RECEIVER_NAME.fullmatch(name) or kind not in RECEIVER_KINDS:
+                raise ValueError(
+                    f"{entry!r} is not NAME=KIND (NAME: lowercase letters, digits and '-', "
+                    f"at most 63 characters; KIND: {', '.join(RECEIVER_KINDS)})"
+                )
+            if name in names:
+                raise ValueError(f"receiver {name!r} is named twice")
+            names.add(name)
+        return value
+
+    @model_validator(mode="after")
+    def _some_receiver(self) -> ReceiverSettings:
+        if self.enabled and not self.receivers:
+            raise ValueError(
+                "the receiver has an address but no receivers: set PKOBATCH_RECEIVER__RECEIVERS "
+                "(e.g. infra=github), or leave PKOBATCH_RECEIVER__ADDR empty"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.addr not in ("", "0")
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Receiver name -> kind."""
+        return dict(entry.split("=", 1) for entry in self.receivers)
+
+
 class LeaderElectionSettings(BaseModel):
     enabled: bool = False
     lease_name: str = "pkobatch-controller"
@@ -229,7 +314,18 @@ class Settings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    receiver: ReceiverSettings = Field(default_factory=ReceiverSettings)
     metrics_addr: str = ":8080"
+    metrics_secure: bool = Field(
+        default=False,
+        description="serve /metrics over HTTPS to callers whose ServiceAccount token may get "
+        "/metrics (TokenReview, SubjectAccessReview; ClusterRole pkobatch-metrics-reader)",
+    )
+    metrics_cert_dir: str = Field(
+        default="",
+        description="directory with tls.crt and tls.key for secure metrics; empty: a "
+        "self-signed certificate made at start-up",
+    )
     health_addr: str = ":8081"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
@@ -288,12 +384,7 @@ class Settings(BaseSettings):
     @field_validator("metrics_addr", "health_addr")
     @classmethod
     def _address(cls, value: str) -> str:
-        if value in ("", "0"):
-            return value
-        _, sep, port = value.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"{value!r} is not HOST:PORT or :PORT (use '0' to disable)")
-        return value
+        return _host_port(value)
 
 
 class SettingsInvalid(Exception):

@@ -20,10 +20,10 @@ def build_cli() -> click.Group:
     """The whole command tree (imports every command's modules)."""
     from pkobatch.cli.commands import register
     from pkobatch.cli.crds import crds_command
-    from pkobatch.cli.dev import dev_group
-    from pkobatch.cli.job_command import job_group
     from pkobatch.cli.local_run import run_command
     from pkobatch.controller.command import controller_command
+    from pkobatch.dev.command import dev_group
+    from pkobatch.runner.command import job_group
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
     @click.version_option(__version__, prog_name="pkobatch")
@@ -44,7 +44,7 @@ def main() -> None:
         # no garbage: without collections it takes a quarter less CPU, and once frozen those
         # objects are no longer scanned by the run's collections.
         gc.disable()
-        from pkobatch.cli.job_command import job_group
+        from pkobatch.runner.command import job_group
 
         gc.freeze()
         gc.enable()

@@ -26,7 +26,7 @@ from pkobatch.api.constants import (
     READY_COMPLETED_REASON,
 )
 from pkobatch.api.messages import bound_message
-from pkobatch.api.stack import Condition
+from pkobatch.api.stack.status import Condition
 
 READY_MESSAGE: Final = "the stack has been processed and is up to date"
 IN_PROGRESS_MESSAGE: Final = "reconciliation is in progress"
@@ -37,11 +37,6 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 def find_condition(conditions: Sequence[Condition], condition_type: str) -> Condition | None:
     return next((c for c in conditions if c.type == condition_type), None)
-
-
-def is_condition_true(conditions: Sequence[Condition], condition_type: str) -> bool:
-    found = find_condition(conditions, condition_type)
-    return found is not None and found.status == "True"
 
 
 def set_condition(

@@ -125,6 +125,8 @@ ResultReason = Literal[
     "MissingPermission",
     # Structured config and a Pulumi CLI too old to set it (PKO's Stalled reason).
     "PulumiVersionTooLow",
+    # The kernel killed a process of the run's container for lack of memory (runner.memory).
+    "OOMKilled",
 ]
 RESULT_REASONS: Final[tuple[str, ...]] = ResultReason.__args__  # type: ignore[attr-defined]
 # Failures a retry cannot fix (the spec, or the image, lacks something), with the Stalled
@@ -143,7 +145,20 @@ EVENT_UPDATE_DETECTED: Final = "StackUpdateDetected"
 EVENT_CREATED: Final = "StackCreated"
 EVENT_CONFIG_INVALID: Final = "StackConfigInvalid"
 EVENT_UPDATE_FAILURE: Final = "StackUpdateFailure"
+EVENT_GIT_AUTHENTICATION_FAILURE: Final = "StackGitAuthenticationFailure"
+EVENT_UPDATE_CONFLICT_DETECTED: Final = "StackUpdateConflictDetected"
+EVENT_OUTPUT_RETRIEVAL_FAILURE: Final = "StackOutputRetrievalFailure"
+EVENT_INITIALIZATION_FAILURE: Final = "StackInitializationFailure"
+
+# The step at which a failed run stopped, written by the runner when that step has a PKO
+# Event reason of its own: the git server refused the credentials, creating or selecting the
+# stack (backend login, stack init, its config) failed, reading the outputs after a
+# successful update failed.
+FailedStep = Literal["gitAuthentication", "stackInitialization", "outputRetrieval"]
 
 PKO_MAX_UPDATE_FAILURES: Final = 3
 PKO_MIN_RESYNC_SECONDS: Final = 60
 PKO_DEFAULT_MAX_BACKOFF_SECONDS: Final = 86400
+
+# The run container's name: Job and workspace templates name it to change it (as PKO's "pulumi").
+RUN_CONTAINER_NAME: Final = "pulumi"

@@ -3,7 +3,7 @@
 Shared by the controller (``spec.schedule``, ``spec.driftDetection.schedule``) and the CLI
 (``pkobatch schedule NAME --next 5``), so both always agree on the times.
 
-- Expressions have exactly 5 fields (validated by ``pkobatch.api.stack.check_cron``). ``H``
+- Expressions have exactly 5 fields (validated by ``pkobatch.api.stack.spec.check_cron``). ``H``
   picks a stable value per Stack: the hash seed is the Stack's UID, so a fleet with
   ``H 3 * * *`` spreads over the hour instead of starting all at 03:00.
 - Times are evaluated in the Stack's IANA time zone (``spec.timeZone``, default UTC), so

@@ -30,7 +30,7 @@ from typing import Any, Final, Literal
 import yaml
 from pydantic import Field
 
-from pkobatch.api.stack import Int64, _Model
+from pkobatch.api.stack.base import ApiModel, Int64
 from pkobatch.api.timestamps import format_time
 
 PROGRAM_KIND: Final = "Program"
@@ -43,20 +43,20 @@ PROGRAM_RUNTIME: Final = "yaml"
 ConfigurationType = Literal["String", "Number", "List<Number>", "List<String>"]
 
 
-class Configuration(_Model):
+class Configuration(ApiModel):
     type: ConfigurationType | None = Field(
         default=None, description="Type of the config value (String, Number, List<...>)."
     )
     default: Any = Field(default=None, description="Default value of the config key.")
 
 
-class CustomTimeouts(_Model):
+class CustomTimeouts(ApiModel):
     create: str | None = Field(default=None, description="Create timeout (e.g. 5m).")
     delete: str | None = Field(default=None, description="Delete timeout.")
     update: str | None = Field(default=None, description="Update timeout.")
 
 
-class ResourceOptions(_Model):
+class ResourceOptions(ApiModel):
     additional_secret_outputs: list[str] | None = Field(
         default=None, description="Outputs to mark secret."
     )
@@ -75,19 +75,19 @@ class ResourceOptions(_Model):
     version: str | None = Field(default=None, description="Provider plugin version.")
 
 
-class Getter(_Model):
+class Getter(ApiModel):
     id: str = Field(description="ID of the existing resource to read.")
     state: dict[str, Any] | None = Field(default=None, description="State to look it up by.")
 
 
-class ProgramResource(_Model):
+class ProgramResource(ApiModel):
     type: str = Field(description="Resource type token, e.g. kubernetes:core/v1:ConfigMap.")
     properties: dict[str, Any] | None = Field(default=None, description="Inputs.")
     options: ResourceOptions | None = Field(default=None, description="Resource options.")
     get: Getter | None = Field(default=None, description="Read an existing resource.")
 
 
-class ProgramBody(_Model):
+class ProgramBody(ApiModel):
     configuration: dict[str, Configuration] | None = Field(
         default=None, description="Typed config keys with defaults."
     )
@@ -101,7 +101,7 @@ class ProgramBody(_Model):
     )
 
 
-class Artifact(_Model):
+class Artifact(ApiModel):
     digest: str | None = Field(default=None, description="sha256:<hex> of the artifact.")
     last_update_time: str = Field(description="When the artifact was last updated.")
     metadata: dict[str, str] | None = Field(default=None, description="Artifact metadata.")
@@ -111,7 +111,7 @@ class Artifact(_Model):
     url: str = Field(description="Where the artifact is.")
 
 
-class ProgramStatus(_Model):
+class ProgramStatus(ApiModel):
     artifact: Artifact | None = Field(default=None, description="The program's artifact.")
     observed_generation: Int64 | None = Field(
         default=None, description="Last generation the controller rendered."

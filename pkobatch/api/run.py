@@ -1,5 +1,10 @@
 """The contract between the controller and the runner: what a run gets, what it returns.
 
+A ``Run`` is the controller's decision of what one Job runs (operation, kind, trigger, the
+approved plan); it names the Job and is stored on it (annotation ``pkobatch.io/run``), so a
+restarted controller adopts the Job. Every part of the controller (plan, fold, retry,
+approval, the reflector transforms) reads it from here.
+
 A ``RunSnapshot`` is everything one Job needs, frozen at Job creation: the controller's Job
 builder serialises it into the Job (argument ``--snapshot`` as JSON); the runner parses it
 and never reads the Stack. Secret *values* are never in the snapshot: it names the
@@ -12,7 +17,9 @@ ConfigMaps instead (``--snapshot-configmap``, in parts of at most ``SNAPSHOT_PAR
 the Job records its SHA-256 (``--snapshot-sha256``), which the runner checks: the Job still
 says exactly what ran.
 
-A ``RunResult`` is what the runner writes to the result ConfigMap under ``result.json``.
+A ``RunResult`` is what the runner writes to the result ConfigMap under ``result.json``
+(``result_config_map``, with ``result_labels``; the controller builds the same ConfigMap from
+a result sent in the termination message).
 Both carry ``schemaVersion`` so that a controller can reject a runner it does not
 understand instead of misreading it.
 
@@ -35,12 +42,27 @@ import gzip
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pkobatch.api.constants import Operation, ResultReason
+from pkobatch.api.constants import (
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    MAX_LABEL_VALUE_LENGTH,
+    OPERATION_LABEL,
+    RESULT_KEY,
+    RESULT_LABEL,
+    RUN_ANNOTATION,
+    SHARD_LABEL,
+    STACK_LABEL,
+    FailedStep,
+    Operation,
+    ResultReason,
+)
 
 SNAPSHOT_SCHEMA_VERSION: Final = "pkobatch.io/run-snapshot/v1"
 RESULT_SCHEMA_VERSION: Final = "pkobatch.io/run-result/v1"
@@ -283,6 +305,7 @@ class RunResult(_Model):
     drift_check: bool = Field(default=False, alias="driftCheck")
     state: RunState
     reason: ResultReason
+    failed_step: FailedStep | None = Field(default=None, alias="failedStep")
     message: str = ""
     stack: StackRef
     job_name: str = Field(alias="jobName")
@@ -312,3 +335,109 @@ class RunResult(_Model):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+RunKind = Literal["sync", "request", "drift", "approval"]
+"""Why a run exists: the Stack's normal operation, a CLI operation request, a drift check,
+the preview that saves a plan for approval (spec.approval)."""
+# Trigger of the update that remediates drift; it always refreshes first.
+REMEDIATE_TRIGGER_PREFIX: Final = "remediate:"
+# Triggers of a run for a spec.schedule time, and of a drift check for its schedule time.
+SCHEDULE_TRIGGER_PREFIX: Final = "schedule:"
+DRIFT_TRIGGER_PREFIX: Final = "drift:"
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one Job runs; stored on the Job (annotation ``pkobatch.io/run``) for adoption."""
+
+    operation: Operation
+    kind: RunKind
+    generation: int
+    reconcile_request: str
+    commit: str
+    # Distinguishes runs of the same generation and request: the retry, commit, schedule
+    # time or request token that caused this run. Part of the Job name.
+    trigger: str
+    # The operation-request annotation value, for kind "request".
+    request: str = ""
+    # An approved up (spec.approval): the plan's id and the Secret that holds it.
+    plan: str = ""
+    plan_secret: str = ""
+
+    def to_annotation(self) -> str:
+        # Every field is a str or an int: no need for asdict's deep copy.
+        fields = {field.name: getattr(self, field.name) for field in dataclass_fields(self)}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_job(cls, job: Mapping[str, Any]) -> Run | None:
+        """The run a Job was created for; None for a Job pkobatch did not create."""
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(RUN_ANNOTATION)
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                operation=data["operation"],
+                kind=data["kind"],
+                generation=int(data["generation"]),
+                reconcile_request=str(data["reconcile_request"]),
+                commit=str(data["commit"]),
+                trigger=str(data["trigger"]),
+                request=str(data.get("request", "")),
+                plan=str(data.get("plan", "")),
+                plan_secret=str(data.get("plan_secret", "")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+# The shard label puts the result in the watches of its Stack's controller shard.
+_COPIED_JOB_LABELS: Final = (MANAGED_BY_LABEL, STACK_LABEL, OPERATION_LABEL, SHARD_LABEL)
+
+
+def result_labels(job_labels: Mapping[str, str], stack_name: str, operation: str) -> dict[str, str]:
+    """The result ConfigMap's labels: the run's Job's own (so the stack label's hashing
+    stays the Job builder's alone), or computed when the Job could not be read."""
+    labels = {key: job_labels[key] for key in _COPIED_JOB_LABELS if key in job_labels}
+    labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY_VALUE)
+    labels.setdefault(OPERATION_LABEL, operation)
+    if STACK_LABEL not in labels and len(stack_name) <= MAX_LABEL_VALUE_LENGTH:
+        labels[STACK_LABEL] = stack_name
+    return labels
+
+
+def result_config_map(
+    result: RunResult,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    job_uid: str | None,
+) -> dict[str, Any]:
+    """The result ConfigMap, owned by the run's Job when its UID is known; immutable, so
+    nobody changes it in place (it can only be deleted, which the controller reports)."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**labels, RESULT_LABEL: result.state},
+    }
+    if job_uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": result.job_name,
+                "uid": job_uid,
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "immutable": True,
+        "data": {RESULT_KEY: result.to_json()},
+    }

@@ -3,7 +3,7 @@
 The controller builds status and the CLI reads it as plain dicts, since status is patched
 and read as JSON; these ``TypedDict``s give the sections with a protocol of their own
 (``lastUpdate``, ``currentUpdate``, ``operationRequest``, ``lastDriftCheck``) a type, so a
-misspelt key is a type error. The pydantic models in ``stack.py`` describe the same fields
+misspelt key is a type error. The pydantic models in ``stack/status.py`` describe the same fields
 for the CRD schema (a unit test keeps both in step). A view of an object read from the API
 is only as good as what is stored: readers still treat every field as possibly missing.
 """

@@ -28,7 +28,6 @@ from pkobatch.api.operation_request import request_value
 from pkobatch.api.status import last_update
 from pkobatch.cli.fetch import complete_stack_names, get_stack, list_runs, list_stacks
 from pkobatch.cli.follow import wait_for
-from pkobatch.cli.render import changes_text, human_duration
 from pkobatch.cli.requests import (
     RequestOutcome,
     annotation_patch,
@@ -43,7 +42,8 @@ from pkobatch.cli.requests import (
 )
 from pkobatch.cli.runs import RunRecord
 from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
-from pkobatch.cli.views import stack_view
+from pkobatch.cli.stack_views import stack_view
+from pkobatch.cli.text_format import changes_text, human_duration
 from pkobatch.kube.client import Forbidden, KubeError
 
 DEFAULT_CONCURRENCY: Final = 4

@@ -21,7 +21,7 @@ from pkobatch.cli.fetch import complete_stack_names, get_stack
 from pkobatch.cli.follow import wait_for
 from pkobatch.cli.requests import Progress, RequestOutcome, outcome, set_annotation
 from pkobatch.cli.session import CommandFailed, Session, command, exit_failed
-from pkobatch.cli.views import stack_view
+from pkobatch.cli.stack_views import stack_view
 from pkobatch.kube.client import SELF_SUBJECT_REVIEWS, Kube, KubeError
 
 # The API server's limit on a field manager's name.

@@ -25,7 +25,7 @@ from pkobatch.api.cron import ScheduleError
 from pkobatch.api.objects import JSON
 from pkobatch.cli import actions, approvals, diagnostics
 from pkobatch.cli.completion import completion_command
-from pkobatch.cli.describe import describe_stack
+from pkobatch.cli.describe_text import describe_stack
 from pkobatch.cli.fetch import (
     complete_stack_names,
     follow_changes,
@@ -38,7 +38,16 @@ from pkobatch.cli.fetch import (
     stack_events,
 )
 from pkobatch.cli.follow import RUN_CONTAINER
-from pkobatch.cli.render import (
+from pkobatch.cli.runs import RunRecord
+from pkobatch.cli.session import CommandFailed, Session, command, global_params, now
+from pkobatch.cli.stack_views import (
+    StackView,
+    StatusRequirement,
+    parse_status_selector,
+    stack_view,
+    upcoming_runs,
+)
+from pkobatch.cli.text_format import (
     EVENT_HEADERS,
     Cell,
     age,
@@ -54,15 +63,6 @@ from pkobatch.cli.render import (
     stack_table_headers,
     timestamp,
     until,
-)
-from pkobatch.cli.runs import RunRecord
-from pkobatch.cli.session import CommandFailed, Session, command, global_params, now
-from pkobatch.cli.views import (
-    StackView,
-    StatusRequirement,
-    parse_status_selector,
-    stack_view,
-    upcoming_runs,
 )
 from pkobatch.kube.client import CORE_EVENTS, JOBS, PODS, STACKS, Forbidden, WatchEvent
 from pkobatch.kube.pod_logs import ApiPodLogs, LogsUnavailable
@@ -493,13 +493,13 @@ def logs_command(
 
 def _controller_logs(session: Session, namespace: str, *, follow: bool, tail: int | None) -> None:
     pods, _ = session.kube.list_objects(
-        PODS, namespace, label_selector=diagnostics.CONTROLLER_PODS_SELECTOR
+        PODS, namespace, label_selector=diagnostics.CONTROLLER_SELECTOR
     )
     names = sorted(str(p["metadata"]["name"]) for p in pods)
     if not names:
         raise CommandFailed(
             f"no controller pod in namespace {namespace} (labelled "
-            f"{diagnostics.CONTROLLER_PODS_SELECTOR}); pass --controller-namespace"
+            f"{diagnostics.CONTROLLER_SELECTOR}); pass --controller-namespace"
         )
     logs = ApiPodLogs(session.kube)
     prefixes = {pod: f"[pod/{pod}] " if len(names) > 1 else "" for pod in names}

@@ -24,9 +24,9 @@ from pkobatch.api.constants import CRD_NAME, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.api.crd import generate_crd
 from pkobatch.api.objects import JSON
 from pkobatch.api.timestamps import parse_time
-from pkobatch.cli.render import human_duration
 from pkobatch.cli.runs import read_result
 from pkobatch.cli.session import Session, command, describe_unreachable, exit_failed, now
+from pkobatch.cli.text_format import human_duration
 from pkobatch.kube.client import (
     CONFIGMAPS,
     CRDS,
@@ -42,19 +42,23 @@ from pkobatch.kube.client import (
 from pkobatch.kube.rbac import access_review
 
 CONTROLLER_NAMESPACE: Final = "pkobatch-system"
-CONTROLLER_NAME: Final = "pkobatch-controller"
-# How deploy/ labels the Deployment of a controller shard (docs/sharding.md).
+# The Lease of the main controller; a shard's is CONTROLLER_LEASE-<shard>. Fixed: the chart's
+# fullnameOverride renames the Deployment, not the Lease.
+CONTROLLER_LEASE: Final = "pkobatch-controller"
+# How deploy/ labels the controller's Deployments and pods, main and shards (docs/sharding.md);
+# found by these labels, not by name, as the chart's fullnameOverride renames them.
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+CONTROLLER_COMPONENT: Final = "controller"
 SHARD_COMPONENT: Final = "controller-shard"
 CONTROLLER_SHARD_LABEL: Final = "pkobatch.io/controller-shard"
 CONTROLLER_CONTAINER: Final = "controller"
-# The controller's pods, main and shards, as deploy/kustomize/base and the chart label them.
+CONTROLLER_SELECTOR: Final = (
+    "app.kubernetes.io/part-of=pkobatch,"
+    f"{COMPONENT_LABEL} in ({CONTROLLER_COMPONENT},{SHARD_COMPONENT})"
+)
 LEADER_ELECTION_ENV: Final = "PKOBATCH_LEADER_ELECTION__ENABLED"
 # The words pydantic reads as true (the controller's settings parse this variable so).
 TRUE_WORDS: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
-CONTROLLER_PODS_SELECTOR: Final = (
-    f"app.kubernetes.io/name=pkobatch,{COMPONENT_LABEL} in (controller,{SHARD_COMPONENT})"
-)
 OK: Final = "ok"
 WARNING: Final = "warning"
 FAIL: Final = "FAIL"
@@ -204,11 +208,45 @@ def _crd_checks(kube: Kube) -> list[Check]:
     return [Check("crd", OK, f"{CRD_NAME} is installed and current")]
 
 
+@dataclass(frozen=True)
+class ControllerDeployments:
+    """The controller Deployments of a namespace: the main one (None if absent) and each
+    shard's, by shard name."""
+
+    main: JSON | None
+    shards: list[tuple[str, JSON]]
+
+
+def controller_deployments(deployments: Sequence[JSON]) -> ControllerDeployments:
+    """Sorts Deployments labelled ``CONTROLLER_SELECTOR`` into the main controller (the first
+    by name, should a namespace hold two) and the shards (by their shard label)."""
+    main: list[JSON] = []
+    shards: dict[str, JSON] = {}
+    for deployment in sorted(deployments, key=lambda d: str(d["metadata"]["name"])):
+        labels = deployment["metadata"].get("labels") or {}
+        component = labels.get(COMPONENT_LABEL)
+        if component == CONTROLLER_COMPONENT:
+            main.append(deployment)
+        elif component == SHARD_COMPONENT and labels.get(CONTROLLER_SHARD_LABEL):
+            shards.setdefault(str(labels[CONTROLLER_SHARD_LABEL]), deployment)
+    return ControllerDeployments(main[0] if main else None, sorted(shards.items()))
+
+
+def _find_controller_deployments(kube: Kube, namespace: str) -> ControllerDeployments:
+    deployments, _ = kube.list_objects(DEPLOYMENTS, namespace, label_selector=CONTROLLER_SELECTOR)
+    return controller_deployments(deployments)
+
+
 def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]:
     checks = []
-    deployment: JSON | None = None
+    found = ControllerDeployments(None, [])
     try:
-        deployment = kube.get(DEPLOYMENTS, CONTROLLER_NAME, namespace)
+        found = _find_controller_deployments(kube, namespace)
+    except Forbidden:
+        checks.append(Check("controller deployment", WARNING, "not allowed to read it"))
+    deployment = found.main
+    if deployment is not None:
+        name = deployment["metadata"]["name"]
         status = deployment.get("status") or {}
         ready, wanted = (
             int(status.get("readyReplicas") or 0),
@@ -219,45 +257,27 @@ def _controller_checks(kube: Kube, namespace: str, now: datetime) -> list[Check]
             Check(
                 "controller deployment",
                 OK if ready >= 1 else FAIL,
-                f"{namespace}/{CONTROLLER_NAME}: {ready}/{wanted} ready, image {image}",
+                f"{namespace}/{name}: {ready}/{wanted} ready, image {image}",
             )
         )
-    except NotFound:
+    elif not checks:
         checks.append(
             Check(
                 "controller deployment",
                 WARNING,
-                f"no Deployment {namespace}/{CONTROLLER_NAME} (fine if the controller runs "
-                "elsewhere; else pass --controller-namespace)",
+                f"no controller Deployment in {namespace} (labelled {CONTROLLER_SELECTOR}; "
+                "fine if the controller runs elsewhere; else pass --controller-namespace)",
             )
         )
-    except Forbidden:
-        checks.append(Check("controller deployment", WARNING, "not allowed to read it"))
     checks.append(
-        _leader_check(kube, namespace, CONTROLLER_NAME, "controller leader", now, deployment)
+        _leader_check(kube, namespace, CONTROLLER_LEASE, "controller leader", now, deployment)
     )
-    for shard, shard_deployment in _controller_shards(kube, namespace):
-        lease = f"{CONTROLLER_NAME}-{shard}"
+    for shard, shard_deployment in found.shards:
+        lease = f"{CONTROLLER_LEASE}-{shard}"
         checks.append(
             _leader_check(kube, namespace, lease, f"shard {shard} leader", now, shard_deployment)
         )
     return checks
-
-
-def _controller_shards(kube: Kube, namespace: str) -> list[tuple[str, JSON]]:
-    """The controller shards installed in ``namespace`` and their Deployments (their label,
-    docs/sharding.md); none when the user may not list Deployments there."""
-    try:
-        deployments, _ = kube.list_objects(
-            DEPLOYMENTS, namespace, label_selector=f"{COMPONENT_LABEL}={SHARD_COMPONENT}"
-        )
-    except Forbidden:
-        return []
-    shards = {
-        str(((d.get("metadata") or {}).get("labels") or {}).get(CONTROLLER_SHARD_LABEL) or ""): d
-        for d in deployments
-    }
-    return sorted((shard, d) for shard, d in shards.items() if shard)
 
 
 def _leader_check(
@@ -363,13 +383,15 @@ def check_command(controller_namespace: str) -> None:
 
 def _controller_version(kube: Kube, namespace: str) -> tuple[str, str]:
     try:
-        deployment = kube.get(DEPLOYMENTS, CONTROLLER_NAME, namespace)
-        image = controller_image(deployment)
-        return image_tag(image), f"Deployment {namespace}/{CONTROLLER_NAME} runs {image}"
-    except (NotFound, Forbidden):
+        deployment = _find_controller_deployments(kube, namespace).main
+        if deployment is not None:
+            image = controller_image(deployment)
+            name = deployment["metadata"]["name"]
+            return image_tag(image), f"Deployment {namespace}/{name} runs {image}"
+    except Forbidden:
         pass
     try:
-        lease = kube.get(LEASES, CONTROLLER_NAME, namespace)
+        lease = kube.get(LEASES, CONTROLLER_LEASE, namespace)
         holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
         return "unknown", f"leader {holder}" if holder else "no leader"
     except (NotFound, Forbidden):

@@ -1,8 +1,8 @@
 """``pkobatch run``: a Stack manifest on this machine.
 
 It runs the same runner (``pkobatch.runner``) as ``pkobatch job run`` inside a Job
-(``pkobatch.cli.job_command``); they differ only in where the inputs come from and where the result
-goes.
+(``pkobatch.runner.command``); they differ only in where the inputs come from and where the
+result goes.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from typing import TextIO
 import click
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from pkobatch.api.constants import OPERATIONS, Operation
 from pkobatch.api.run import RunResult
-from pkobatch.cli.job_command import EXIT_USAGE
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
+from pkobatch.runner.command import EXIT_USAGE
 from pkobatch.runner.embedded import (
     LocalRunError,
     load_stack_manifest,
@@ -30,9 +31,10 @@ from pkobatch.runner.embedded import (
     plan_local_run,
 )
 from pkobatch.runner.execute import execute, runner_only_env_names
-from pkobatch.runner.job import EXIT_FAILED, EXIT_SUCCEEDED
+from pkobatch.runner.job_run import EXIT_FAILED, EXIT_SUCCEEDED
 from pkobatch.runner.redact import Redactor
 from pkobatch.runner.run_log import RunLog
+from pkobatch.runner.sdk import missing_runner_extra
 
 _STATE_STYLE = {"succeeded": "green", "failed": "red"}
 
@@ -118,9 +120,14 @@ def run_command(
     """Run a Stack manifest on this machine, with no cluster (the Job's runner, embedded).
 
     Pulumi's output streams to the terminal (to stderr with -o json); the result follows.
-    Exit status 0 when the operation succeeded, 1 when it failed, 2 for bad input.
+    Exit status 0 when the operation succeeded, 1 when it failed, 2 for bad input or an
+    installation without the Pulumi SDK (the extra ``runner``).
     """
     err = Console(stderr=True)
+    missing = missing_runner_extra()
+    if missing is not None:
+        err.print(f"[red]error:[/] {escape(missing)}", highlight=False)
+        sys.exit(EXIT_USAGE)
     try:
         local = plan_local_run(
             load_stack_manifest(path.read_text()),

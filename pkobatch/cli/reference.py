@@ -46,6 +46,8 @@ Conventions, as in `kubectl` and `flux`:
   `--as` and `--as-group` (impersonation).
 - Shell completion, Stack names included: `source <(pkobatch completion bash)` (or `zsh`,
   `fish`; see `pkobatch completion`).
+- `pip install pkobatch` installs the CLI without the Pulumi SDK; `pkobatch run` (a Stack
+  run on this machine) needs it and says so: `pip install 'pkobatch[runner]'`.
 - As a kubectl plugin: installing pkobatch also installs `kubectl-pkobatch`, so with it on
   `PATH` every command works as `kubectl pkobatch ...` (`kubectl plugin list` shows it), and
   `kubectl_complete-pkobatch`, with which kubectl's own completion (`kubectl completion

@@ -37,7 +37,7 @@ from pkobatch.api.operation_request import FINAL_REQUEST_STATES
 from pkobatch.api.status import current_update, last_update
 from pkobatch.cli.runs import RunRecord
 from pkobatch.cli.session import CommandFailed
-from pkobatch.cli.views import operation_request, stack_view
+from pkobatch.cli.stack_views import operation_request, stack_view
 from pkobatch.kube.client import STACKS, Conflict, Kube
 
 _PATCH_ATTEMPTS: Final = 5

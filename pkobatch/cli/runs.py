@@ -21,7 +21,7 @@ from pkobatch.api.constants import OPERATION_LABEL, RESULT_KEY, RUN_ANNOTATION
 from pkobatch.api.objects import true_condition
 from pkobatch.api.run import RunResult
 from pkobatch.api.timestamps import parse_time
-from pkobatch.cli.views import RUNNING
+from pkobatch.cli.stack_views import RUNNING
 
 PENDING: Final = "pending"
 SUCCEEDED: Final = "succeeded"
@@ -51,10 +51,6 @@ class RunRecord:
         if self.started is None or self.finished is None:
             return None
         return self.finished - self.started
-
-    @property
-    def finished_run(self) -> bool:
-        return self.state in (SUCCEEDED, FAILED)
 
 
 def read_result(configmap: Mapping[str, Any]) -> RunResult | None:

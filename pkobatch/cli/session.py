@@ -37,7 +37,7 @@ from rich.text import Text
 
 from pkobatch.api.durations import format_duration, parse_duration
 from pkobatch.cli.default_namespace import default_namespace
-from pkobatch.cli.render import Cell, format_table
+from pkobatch.cli.text_format import Cell, format_table
 from pkobatch.kube.client import (
     STACKS,
     ClientOverrides,
@@ -295,7 +295,7 @@ class Session:
     def print_table(
         self, headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, header: bool = True
     ) -> None:
-        """A kubectl-style table (``render.format_table``); ``--no-headers`` drops the
+        """A kubectl-style table (``text_format.format_table``); ``--no-headers`` drops the
         header line, as does ``header=False`` (rows that continue a printed table)."""
         self.print_lines(format_table(headers, rows, header=header and not self.options.no_headers))
 

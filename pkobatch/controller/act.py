@@ -1,4 +1,4 @@
-"""Act: carry out a ``Plan`` with as few API writes as possible.
+"""Act: carry out a ``Decision`` with as few API writes as possible.
 
 Order: finalizer added → Job created → its inputs created → status written → old Jobs and
 results deleted → finalizer removed → Events queued (the recorder posts them from its own
@@ -36,9 +36,9 @@ from pkobatch.api.constants import (
 )
 from pkobatch.api.objects import JSON
 from pkobatch.api.program import program_artifact
+from pkobatch.controller.decision import Decision
 from pkobatch.controller.events import EventRecorder
-from pkobatch.controller.jobs import owned_by_job
-from pkobatch.controller.plan import Plan
+from pkobatch.controller.job_builder import owned_by_job
 from pkobatch.controller.sharding import Relabel
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -88,23 +88,23 @@ def merge_patch(old: Any, new: Any) -> Any:
 NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 
 
-StackWritten = Callable[[str, str, str], None]
-"""Called with (namespace, name, the resourceVersion the write replaced)."""
+StackWriting = Callable[[str, str, str], None]
+"""Called with (namespace, name, the resourceVersion a write is about to replace), before
+the write: its watch event may arrive before its response."""
 
 
 class Actor:
     def __init__(
-        self, kube: Kube, events: EventRecorder, on_stack_written: StackWritten | None = None
+        self, kube: Kube, events: EventRecorder, on_stack_writing: StackWriting | None = None
     ) -> None:
         self._kube = kube
         self._events = events
-        self._on_stack_written = on_stack_written
+        self._on_stack_writing = on_stack_writing
 
-    def _replaced(self, namespace: str, name: str, old_version: str, updated: JSON) -> str:
-        """Report that ``old_version`` of the Stack was replaced; the version written."""
-        if self._on_stack_written is not None:
-            self._on_stack_written(namespace, name, old_version)
-        return str(updated["metadata"]["resourceVersion"])
+    def _replacing(self, namespace: str, name: str, old_version: str) -> None:
+        """Report that a write is about to replace ``old_version`` of the Stack."""
+        if self._on_stack_writing is not None:
+            self._on_stack_writing(namespace, name, old_version)
 
     def create_job(self, job: JSON, inputs: Sequence[JSON] = ()) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -179,13 +179,14 @@ class Actor:
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
 
-    def apply(self, stack: Mapping[str, Any], plan: Plan) -> None:
-        """Everything in ``plan`` except the Job creation (see ``create_job``)."""
+    def apply(self, stack: Mapping[str, Any], decision: Decision) -> None:
+        """Everything in ``decision`` except the Job creation (see ``create_job``)."""
         meta = stack.get("metadata") or {}
         name, namespace = str(meta.get("name")), str(meta.get("namespace"))
         resource_version = str(meta.get("resourceVersion") or "")
-        if plan.finalizer == "add":
+        if decision.finalizer == "add":
             finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+            self._replacing(namespace, name, resource_version)
             updated = self._kube.merge_patch(
                 STACKS,
                 name,
@@ -193,13 +194,14 @@ class Actor:
                 namespace,
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
-            resource_version = self._replaced(namespace, name, resource_version, updated)
-        for result in plan.create_results:
+            resource_version = str(updated["metadata"]["resourceVersion"])
+        for result in decision.create_results:
             with contextlib.suppress(AlreadyExists):
                 self._kube.create(CONFIGMAPS, result, namespace)
-        if plan.status is not None:
-            patch = merge_patch(stack.get("status") or {}, plan.status)
+        if decision.status is not None:
+            patch = merge_patch(stack.get("status") or {}, decision.status)
             if patch:
+                self._replacing(namespace, name, resource_version)
                 updated = self._kube.merge_patch(
                     STACKS,
                     name,
@@ -208,8 +210,8 @@ class Actor:
                     subresource="status",
                     field_manager=FIELD_MANAGER_CONTROLLER,
                 )
-                resource_version = self._replaced(namespace, name, resource_version, updated)
-        for deletion in plan.delete_jobs:
+                resource_version = str(updated["metadata"]["resourceVersion"])
+        for deletion in decision.delete_jobs:
             with contextlib.suppress(NotFound):
                 self._kube.delete(
                     JOBS,
@@ -218,12 +220,13 @@ class Actor:
                     propagation="Foreground" if deletion.foreground else "Background",
                     uid=deletion.uid or None,
                 )
-        for result_name in plan.delete_results:
+        for result_name in decision.delete_results:
             with contextlib.suppress(NotFound):
                 self._kube.delete(CONFIGMAPS, result_name, namespace)
-        if plan.finalizer == "remove":
+        if decision.finalizer == "remove":
             finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
-            updated = self._kube.merge_patch(
+            self._replacing(namespace, name, resource_version)
+            self._kube.merge_patch(
                 STACKS,
                 name,
                 {
@@ -235,10 +238,9 @@ class Actor:
                 namespace,
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )
-            self._replaced(namespace, name, resource_version, updated)
-        for event in plan.events:
+        for event in decision.events:
             self._events.post(stack, event.type, event.reason, event.message)
-        for other, value in plan.prerequisite_requests.items():
+        for other, value in decision.prerequisite_requests.items():
             with contextlib.suppress(NotFound):
                 self._kube.merge_patch(
                     STACKS,

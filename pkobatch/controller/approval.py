@@ -1,4 +1,4 @@
-"""Approval of saved plans (``spec.approval``): the pure decisions (docs/api.md).
+"""Approval of saved update plans (``spec.approval``): the pure rules (docs/api.md).
 
 With ``spec.approval.required`` a change never runs ``up`` directly. Whenever the Stack's
 normal sync would start an update (new generation, commit, Program/Flux revision, reconcile
@@ -27,7 +27,7 @@ approving field, as the API server recorded it. A field manager is named by the 
 SelfSubjectReview); whoever may patch the Stack may approve, so RBAC on ``stacks`` is what
 authorizes an approval, and the recorded name is for the record, not a proof.
 
-This module holds the decisions (``decide``, ``approvals``, ``target_key``) and the records
+This module holds the rules (``next_step``, ``approvals``, ``target_key``) and the records
 written when a preview starts, a plan is approved or ends (``previewing``, ``approved``,
 ``ended``). How a finished preview or update changes the record (``folded_preview``,
 ``folded_update``) lives with the rest of a finished run's status in ``fold.py``.
@@ -45,9 +45,10 @@ from pkobatch.api.annotations import accepted
 from pkobatch.api.constants import APPROVE_ANNOTATION, REJECT_ANNOTATION
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON
+from pkobatch.api.run import Run
 from pkobatch.api.timestamps import format_time, parse_time
 from pkobatch.controller.fold import UNCHANGED_OPS
-from pkobatch.controller.jobs import Run, short_hash
+from pkobatch.controller.job_builder import short_hash
 
 APPROVE_TRIGGER_PREFIX: Final = "approved:"
 VIA_SPEC: Final = "spec.approval.approvedPlan"
@@ -141,7 +142,7 @@ def rejected_plan(stack: Mapping[str, Any]) -> str:
     return accepted(stack, REJECT_ANNOTATION)
 
 
-# -- decisions ----------------------------------------------------------------------------
+# -- next steps ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -172,10 +173,10 @@ class Reject:
     plan_id: str
 
 
-Decision = StartPreview | Apply | Wait | Reject
+ApprovalStep = StartPreview | Apply | Wait | Reject
 
 
-def decide(
+def next_step(
     record: Mapping[str, Any],
     target: str,
     approvers: Sequence[Approver],
@@ -183,7 +184,7 @@ def decide(
     now: datetime,
     cooldown: timedelta,
     max_failures: int,
-) -> Decision:
+) -> ApprovalStep:
     """What to do when the Stack's sync wants an update and approval is required.
 
     ``record`` is ``status.approval``; ``cooldown`` the wait after ``record``'s failed

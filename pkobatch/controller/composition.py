@@ -14,8 +14,8 @@ from typing import Final
 
 from pkobatch.api.constants import KIND, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.config import Settings
-from pkobatch.controller.cache import cache_job, cache_result, cache_stack
-from pkobatch.controller.reconcile import build_reconciler
+from pkobatch.controller.cache_transforms import cache_job, cache_result, cache_stack
+from pkobatch.controller.reconcile import StackReconciler, build_reconciler
 from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import (
     Stores,
@@ -65,6 +65,8 @@ def manager_options(settings: Settings) -> ManagerOptions:
         ),
         health_addr=settings.health_addr,
         metrics_addr=settings.metrics_addr,
+        metrics_secure=settings.metrics_secure,
+        metrics_cert_dir=settings.metrics_cert_dir,
     )
 
 
@@ -94,13 +96,30 @@ def build_manager(
     stack_metrics = StackMetrics(metrics.registry)
     stack_metrics.track_stores(stores)
     reconciler = reconciler_factory(kube, stores, settings, stack_metrics, QueueEnqueuer(queue))
-    # The transforms keep only what the controller reads (``controller.cache``).
+    # The transforms keep only what the controller reads (``controller.cache_transforms``).
     # A shard's Jobs and results carry its label: each controller caches only its share.
     children = ",".join(part for part in (MANAGED_SELECTOR, settings.shard_selector) if part)
     # Every key is a cached Stack's, so the Stacks' resync covers them all.
+    # The echoes of the Stack reconciler's own writes wake nothing (``controller.echoes``).
+    own_writes = reconciler.own_writes if isinstance(reconciler, StackReconciler) else None
     watches = [
-        Watch(STACKS, stores.stacks, the_stack, settings.stack_selector, cache_stack),
-        Watch(JOBS, stores.jobs, owning_stack(stores.stacks), children, cache_job, resync=False),
+        Watch(
+            STACKS,
+            stores.stacks,
+            the_stack,
+            settings.stack_selector,
+            cache_stack,
+            echo=own_writes.echoed_stack if own_writes else None,
+        ),
+        Watch(
+            JOBS,
+            stores.jobs,
+            owning_stack(stores.stacks),
+            children,
+            cache_job,
+            resync=False,
+            echo=own_writes.echoed_job if own_writes else None,
+        ),
         Watch(
             CONFIGMAPS,
             stores.configmaps,

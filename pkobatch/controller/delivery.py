@@ -1,6 +1,6 @@
 """Delivery of notifications: the thin I/O shell around ``pkobatch.controller.notify``.
 
-The reconcile only decides (``Notifier.add_events``: pure, on the plan's status) and hands
+The reconcile only decides (``Notifier.add_events``: pure, on the decision's status) and hands
 the written status to ``Notifier.track``, which queues what is pending and returns at once.
 Everything slow happens on the notifier's own sender threads: reading the receiver's Secret,
 the HTTP POST (bounded by a timeout), waiting between attempts (exponential backoff, bounded
@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pkobatch.api.constants import FIELD_MANAGER_CONTROLLER
 from pkobatch.api.objects import JSON
-from pkobatch.api.stack import NOTIFICATION_EVENTS, RECEIVER_TYPES, Notifications
+from pkobatch.api.stack.spec import NOTIFICATION_EVENTS, RECEIVER_TYPES, Notifications
 from pkobatch.api.status import StatusObject
 from pkobatch.controller.events import REPORTING_CONTROLLER, EventRecorder
 from pkobatch.controller.notify import (
@@ -88,7 +88,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from pkobatch.config import NotificationSettings
-    from pkobatch.controller.plan import Plan
+    from pkobatch.controller.decision import Decision
 
 log = logging.getLogger(__name__)
 EVENT_NOTIFICATION_FAILED: Final = "NotificationFailed"
@@ -317,13 +317,13 @@ class Notifier:
         return stack_notifications(stack.get("spec") or {}, default)
 
     def add_events(
-        self, stack: Mapping[str, Any], plan: Plan, now: datetime
+        self, stack: Mapping[str, Any], decision: Decision, now: datetime
     ) -> Mapping[str, Any] | None:
-        """Record the events of this reconcile's status change in ``plan.status`` (pure; the
+        """Record the events of this reconcile's status change in ``decision.status`` (pure; the
         outbox). Returns the status whose pending entries ``track`` must deliver once the
-        plan is carried out: ``plan.status``, or for a released Stack the status decided
+        decision is carried out: ``decision.status``, or for a released Stack the status decided
         for it, which is never written."""
-        new = plan.status if plan.status is not None else plan.decided_status
+        new = decision.status if decision.status is not None else decision.decided_status
         found = occurrences(stack.get("status") or {}, new, now)
         if new is None or not found:
             return new  # the common case: no event, and no receivers to look up
@@ -331,8 +331,8 @@ class Notifier:
         for event_id in dropped:
             log.warning("stack %s: dropped undelivered event %s", _name(stack), event_id)
             self.metrics.dropped.inc()
-        if plan.status is not None:
-            plan.status = cast(StatusObject, outbox)
+        if decision.status is not None:
+            decision.status = cast(StatusObject, outbox)
         return outbox
 
     def track(

@@ -60,7 +60,7 @@ from pydantic import ValidationError
 from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, SUSPENDED_REASON
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON, condition_of
-from pkobatch.api.stack import (
+from pkobatch.api.stack.spec import (
     NOTIFICATION_EVENTS,
     NotificationEvent,
     Notifications,

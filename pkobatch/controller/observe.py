@@ -1,7 +1,7 @@
-"""Observe: everything ``plan`` needs about one Stack, from the stores (plus rare live reads).
+"""Observe: everything ``decide`` needs about one Stack, from the stores (plus rare live reads).
 
 The stores are eventually consistent, and Jobs, ConfigMaps and Stacks arrive on separate
-watches. Two gaps matter because ``plan`` would otherwise draw a wrong, irreversible
+watches. Two gaps matter because ``decide`` would otherwise draw a wrong, irreversible
 conclusion, so they are closed with a live ``get``:
 
 - the Job named in ``status.currentUpdate`` is not in the store: it may just have been
@@ -27,7 +27,7 @@ only in a ``FailedCreate`` Event on the Job, so the observer lists those Events 
 one Job (field selector on the Job's UID and the reason): one small ``list`` per Stack whose
 Job is stuck, none for Jobs whose pod exists — no watch of all Events.
 
-Whether the Stack's Job may be created at all (``plan.run_refusal``: it builds a probe Job)
+Whether the Stack's Job may be created at all (``steps.runs.run_refusal``: it builds a probe Job)
 depends only on the spec, the settings and the template, so it is kept per Stack for its
 UID and ``metadata.generation`` (the API server raises the generation on every spec change)
 and asked again only when they change: a Stack is reconciled several times per run.
@@ -50,17 +50,18 @@ from pkobatch.api.annotations import reconcile_request
 from pkobatch.api.constants import FINALIZER, JOB_STACK_UID_ANNOTATION
 from pkobatch.api.objects import JSON, job_finished, owned_by
 from pkobatch.api.prerequisites import prerequisite_names
-from pkobatch.api.stack import load_stack_spec
+from pkobatch.api.stack.validation import load_stack_spec
 from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
 from pkobatch.controller import approval
-from pkobatch.controller.fold import (
+from pkobatch.controller.decision import Observed, RunCheck, SourceObject
+from pkobatch.controller.outcome import (
     JOB_CONTROLLER_UID_LABEL,
     job_without_pod,
     pod_status_matters,
 )
-from pkobatch.controller.plan import Observed, RunCheck, SourceObject, run_refusal
 from pkobatch.controller.polling import GitPoller, poll_key
+from pkobatch.controller.steps.runs import run_refusal
 from pkobatch.controller.stores import StackKey, Stores, flux_source_resource
 from pkobatch.kube.client import (
     CONFIGMAPS,
@@ -134,7 +135,7 @@ class Observer:
         self._run_checks: dict[StackKey, tuple[str, int, RunCheck | None]] = {}
 
     def observe(self, key: StackKey, now: datetime) -> Observed | None:
-        """What ``plan`` needs about ``key``; None when the Stack does not exist."""
+        """What ``decide`` needs about ``key``; None when the Stack does not exist."""
         stack = self._stores.stacks.get(key.namespace, key.name)
         if stack is None:
             self._poller.forget(key)

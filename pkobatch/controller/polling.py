@@ -21,6 +21,11 @@ head of a Stack only when the Stack could run at all (valid spec, allowed pod), 
 that never runs never makes the controller send its credentials anywhere; the check here
 keeps that true for any other caller.
 
+A verified push webhook (``controller.receiver``) calls ``refresh(repositories, ref)``: the
+keys on that repository and ref are fetched at once, by the same ``ls-remote`` (a fetch
+already running when the push came is followed by another), so a commit reaches its Stacks
+in about a second instead of up to one interval later. The push's own commit is never used.
+
 The interval of a key is ``Settings.poll_interval``, or longer when every Stack on it set a
 longer ``spec.resyncFrequencySeconds``.
 
@@ -54,11 +59,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.messages import bound_message
-from pkobatch.controller.plan import SourceHead
+from pkobatch.controller.decision import SourceHead
+from pkobatch.controller.push import branch_ref, repository_identity
 from pkobatch.controller.stores import StackKey
+from pkobatch.github_app import TOKEN_USERNAME as GITHUB_TOKEN_USERNAME
+from pkobatch.github_app import GitHubAppError, TokenCache
 from pkobatch.kube.client import SECRETS, Kube, KubeError, NotFound
-from pkobatch.runner.github_app import TOKEN_USERNAME as GITHUB_TOKEN_USERNAME
-from pkobatch.runner.github_app import GitHubAppError, TokenCache
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +107,6 @@ class PollKey:
     url: str
     ref: str
     credentials: GitCredentials | None
-
-
-def branch_ref(branch: str) -> str:
-    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
 
 
 def _ref(raw: Any) -> CredentialRef | None:
@@ -256,6 +258,8 @@ class _Entry:
     in_flight_since: float = 0.0
     # Stacks waiting for a head fetched after the moment they asked (see fresh_for).
     fresh_waiters: dict[StackKey, float] = field(default_factory=dict)
+    # When a verified push last named this key: it needs a fetch started after that.
+    pushed_at: float | None = None
 
 
 LsRemote = Callable[[str, str, "_Resolved | None", float], str]
@@ -356,6 +360,27 @@ class GitPoller:
             if not entry.subscribers and not entry.in_flight:
                 del self._entries[key]
 
+    # -- used by the push receiver ---------------------------------------------------------
+
+    def refresh(self, repositories: frozenset[str], ref: str) -> tuple[int, int]:
+        """A verified push named ``ref`` of ``repositories`` (``repository_identity``): fetch
+        the head of every polled key on them and that ref now (one started after this call),
+        as a poll would. Nothing of the push itself is used. Returns (the keys polled on
+        those repositories, the keys of them on ``ref``)."""
+        with self._lock:
+            now = self._clock()
+            on_repository = [
+                (key, entry)
+                for key, entry in self._entries.items()
+                if entry.subscribers and repository_identity(key.url) in repositories
+            ]
+            pushed = [entry for key, entry in on_repository if key.ref == ref]
+            for entry in pushed:
+                entry.pushed_at = now
+            if pushed:
+                self._wake.set()
+        return len(on_repository), len(pushed)
+
     # -- the polling thread ----------------------------------------------------------------
 
     def start(self) -> None:
@@ -379,7 +404,7 @@ class GitPoller:
                     continue
                 period = min(entry.subscribers.values())
                 due_at = now if entry.fetched_at is None else entry.fetched_at + period
-                if due_at <= now or entry.fresh_waiters:
+                if due_at <= now or entry.fresh_waiters or entry.pushed_at is not None:
                     entry.in_flight = True
                     entry.in_flight_since = now
                     self._pool.submit(self._poll, key)
@@ -426,7 +451,10 @@ class GitPoller:
             served = [s for s, asked in entry.fresh_waiters.items() if asked <= entry.started_at]
             for stack in served:
                 del entry.fresh_waiters[stack]
-            if entry.fresh_waiters:  # they asked while this fetch ran: fetch again now
+            if entry.pushed_at is not None and entry.pushed_at <= entry.started_at:
+                entry.pushed_at = None
+            # They asked, or a push came, while this fetch ran: fetch again now.
+            if entry.fresh_waiters or entry.pushed_at is not None:
                 self._wake.set()
             subscribers = list(entry.subscribers)
             if not subscribers:

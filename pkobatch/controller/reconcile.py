@@ -1,10 +1,12 @@
-"""The Stack reconciler: observe → plan → act, and what is shared across Stacks.
+"""The Stack reconciler: observe → decide → act, and what is shared across Stacks.
 
 ``build_reconciler(kube, stores, settings, metrics, enqueuer)`` is the factory the
 composition root (``composition.build_manager``) calls. The reconciler is a ``Service``:
-``start()`` starts the shared branch poller, ``stop()`` stops it.
+``start()`` starts the shared branch poller and, when configured, the push receiver
+(``controller.receiver``, which makes the poller fetch a pushed branch now); ``stop()``
+stops them.
 
-Shared state lives here, never in ``plan``:
+Shared state lives here, never in ``decide``:
 
 - ``Admission``: the cluster-wide cap on active Jobs (``Settings.max_active_jobs``) with
   fair ordering — when Stacks wait for a slot, the one waiting longest gets the next; a
@@ -22,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -30,13 +32,17 @@ from typing import TYPE_CHECKING, Any, Final
 from pkobatch.api.objects import JSON, job_finished
 from pkobatch.api.prerequisites import prerequisite_names
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
+from pkobatch.controller.decide import decide
+from pkobatch.controller.decision import Decision, Observed
 from pkobatch.controller.delivery import Notifier
+from pkobatch.controller.echoes import job_event_is_echo, stack_update_is_echo
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.fold import metric_result
-from pkobatch.controller.jobs import JobBuildError, builtin_template, parse_template
+from pkobatch.controller.job_builder import builtin_template, parse_template
 from pkobatch.controller.observe import Observer
-from pkobatch.controller.plan import Observed, Plan, plan
 from pkobatch.controller.polling import GitPoller
+from pkobatch.controller.receiver import PushReceiver
+from pkobatch.controller.run_pod import JobBuildError
 from pkobatch.controller.sharding import handover
 from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import StackKey, Stores, stack_name_of
@@ -179,46 +185,116 @@ class Dependents:
             return sorted(self._of.get(key, set()))
 
 
+@dataclass
+class _Awaited:
+    """What one Stack's recent writes left for the watches to bring back."""
+
+    replaced: set[str] = field(default_factory=set)
+    created_jobs: set[str] = field(default_factory=set)
+    at: float = 0.0
+    # A reconcile found the cache behind and relies on a watch event to be queued again.
+    deferred: bool = False
+
+
 class OwnWrites:
-    """The resourceVersions of each Stack that this controller's own writes replaced, until
-    the cache shows a newer one (client-go's ``ControllerExpectations``, for the controller's
-    own writes).
+    """The resourceVersions of each Stack that this controller's own writes replace, and the
+    Jobs they create, until the watches bring the changes back (client-go's
+    ``ControllerExpectations``, for the controller's own writes). Both are recorded before
+    the write: its watch event may come before its response.
 
     A reconcile's writes wake the Stack again (the Job's watch event may arrive while they
     are still being made), and the next reconcile may find the cache still showing the Stack
     from before them. Whatever it decided from that version would be refused by the status
     precondition (a wasted write, and a retry a second later) or repeat what was just done.
-    So it does nothing: the watch event of the written version queues the Stack again (a
-    watch that breaks lists again, which queues every changed Stack). After
+    So it does nothing (``behind``): the watch event of the written version queues the Stack
+    again (a watch that breaks lists again, which queues every changed Stack). After
     ``OWN_WRITE_SECONDS`` without that event the reconcile goes ahead as if none were awaited.
+
+    The watch events that only bring those writes back are dropped (``echoed_stack``,
+    ``echoed_job``; which ones is ``controller.echoes``): deciding again from what the writes
+    left is a no-op. Never while a reconcile waits for them.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._replaced: dict[StackKey, tuple[set[str], float]] = {}
+        self._awaited: dict[StackKey, _Awaited] = {}
+
+    def _entry(self, key: StackKey) -> _Awaited:
+        entry = self._awaited.setdefault(key, _Awaited())
+        entry.at = self._clock()
+        return entry
+
+    def _current(self, key: StackKey) -> _Awaited | None:
+        """``key``'s entry, unless its writes are older than ``OWN_WRITE_SECONDS``."""
+        entry = self._awaited.get(key)
+        if entry is not None and self._clock() - entry.at >= OWN_WRITE_SECONDS:
+            del self._awaited[key]
+            return None
+        return entry
 
     def record(self, key: StackKey, replaced_version: str) -> None:
         with self._lock:
-            versions, _ = self._replaced.get(key, (set(), 0.0))
-            versions.add(replaced_version)
-            self._replaced[key] = (versions, self._clock())
+            self._entry(key).replaced.add(replaced_version)
+
+    def record_job(self, key: StackKey, job_name: str) -> None:
+        with self._lock:
+            self._entry(key).created_jobs.add(job_name)
 
     def behind(self, key: StackKey, cached_version: str) -> bool:
-        """Is ``cached_version`` one that this controller's writes have replaced?"""
+        """Is ``cached_version`` one that this controller's writes have replaced? If so the
+        caller relies on the next watch event of the Stack, which is then never dropped."""
         with self._lock:
-            entry = self._replaced.get(key)
+            entry = self._current(key)
             if entry is None:
                 return False
-            versions, written_at = entry
-            if cached_version in versions and self._clock() - written_at < OWN_WRITE_SECONDS:
+            if cached_version in entry.replaced:
+                entry.deferred = True
                 return True
-            del self._replaced[key]  # the cache caught up (or the wait is over)
+            del self._awaited[key]  # the cache caught up
             return False
+
+    def echoed_stack(self, key: StackKey, old: JSON | None, new: JSON | None) -> bool:
+        """Is this Stack event only the echo of a write of this controller?"""
+        with self._lock:
+            entry = self._current(key)
+            if entry is None or entry.deferred:
+                return False
+            if not stack_update_is_echo(old, new, entry.replaced):
+                return False
+            # The cache has moved past that version: no reconcile waits for it any more.
+            entry.replaced.discard(str((old or {})["metadata"]["resourceVersion"]))
+            if not entry.replaced and not entry.created_jobs:
+                del self._awaited[key]
+            return True
+
+    def echoed_job(self, key: StackKey, old: JSON | None, new: JSON | None) -> bool:
+        """Is this Job event only the echo of this controller's own Job creation, or an
+        update that changed nothing but the resourceVersion?"""
+        name = str(((new or old or {}).get("metadata") or {}).get("name") or "")
+        with self._lock:
+            entry = self._current(key)
+            if entry is not None and entry.deferred:
+                return False
+            created = entry is not None and name in entry.created_jobs
+            if not job_event_is_echo(old, new, created):
+                return False
+            if entry is not None and created:
+                entry.created_jobs.discard(name)
+                if not entry.replaced and not entry.created_jobs:
+                    del self._awaited[key]
+            return True
+
+    def forget_job(self, key: StackKey, job_name: str) -> None:
+        """The Job ``record_job`` announced was not created."""
+        with self._lock:
+            entry = self._awaited.get(key)
+            if entry is not None:
+                entry.created_jobs.discard(job_name)
 
     def forget(self, key: StackKey) -> None:
         with self._lock:
-            self._replaced.pop(key, None)
+            self._awaited.pop(key, None)
 
 
 class StackReconciler:
@@ -245,6 +321,11 @@ class StackReconciler:
             enqueuer.enqueue,
             registry=metrics.registry,
             insecure_http_hosts=tuple(settings.insecure_http_git_hosts),
+        )
+        self.receiver = (
+            PushReceiver(settings.receiver, self.poller, metrics.registry)
+            if settings.receiver.enabled
+            else None
         )
         self.admission = Admission(settings.max_active_jobs, enqueuer.enqueue)
         metrics.track_admission(self.admission.waiting, settings.max_active_jobs)
@@ -276,8 +357,12 @@ class StackReconciler:
         self._events.start()
         self.notifier.start()
         self.poller.start()
+        if self.receiver is not None:
+            self.receiver.start()
 
     def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.stop()
         self.poller.stop()
         self.notifier.stop()
         self._events.stop()
@@ -301,12 +386,20 @@ class StackReconciler:
 
     # -- Reconciler ------------------------------------------------------------------------
 
+    def _cached_version(self, key: StackKey) -> str:
+        cached = self._stores.stacks.get(key.namespace, key.name)
+        return str(((cached or {}).get("metadata") or {}).get("resourceVersion") or "")
+
     def reconcile(self, key: StackKey) -> ReconcileResult:
         self._seed()
         cached = self._stores.stacks.get(key.namespace, key.name)
-        version = str(((cached or {}).get("metadata") or {}).get("resourceVersion") or "")
+        version = self._cached_version(key)
         if cached is not None and self.own_writes.behind(key, version):
             log.debug("stack %s: the cache does not show this controller's write yet", key)
+            # The written version's event is never dropped from now on; one that came
+            # while this reconcile looked may have been: then the cache shows it already.
+            if self._cached_version(key) != version:
+                self._enqueuer.enqueue(key)
             return ReconcileResult()
         observed = self._observer.observe(key, self._clock())
         if observed is None:
@@ -326,50 +419,62 @@ class StackReconciler:
         source = observed.source_object
         if source is not None and source.kind == "Program" and source.obj is not None:
             self._actor.record_program_artifact(source.obj, observed.now)
-        result = plan(observed, self._settings, self._template)
-        if result.error:
-            log.error("planning stack %s failed (a bug): %s", key, result.error)
-        if result.create_job is None:
+        decision = decide(observed, self._settings, self._template)
+        if decision.error:
+            log.error("deciding for stack %s failed (a bug): %s", key, decision.error)
+        if decision.create_job is None:
             self.admission.withdraw(key)
         elif not self.admission.acquire(key):
-            result = plan(replace(observed, slot_available=False), self._settings, self._template)
+            decision = decide(
+                replace(observed, slot_available=False), self._settings, self._template
+            )
         try:
-            result = self._create_job(key, observed, result)
-            if result.create_job is None:
-                self._actor.create_inputs(result.inputs_job, key.namespace, result.create_inputs)
-            outbox = self.notifier.add_events(observed.stack, result, observed.now)
-            self._actor.apply(observed.stack, result)
+            decision = self._create_job(key, observed, decision)
+            if decision.create_job is None:
+                self._actor.create_inputs(
+                    decision.inputs_job, key.namespace, decision.create_inputs
+                )
+            outbox = self.notifier.add_events(observed.stack, decision, observed.now)
+            self._actor.apply(observed.stack, decision)
         except (Conflict, StaleStack):
             # Status computed from a stale cache (or a concurrent edit): look again shortly.
             return ReconcileResult(requeue_after=CONFLICT_RETRY)
         # Only after the status holding them is written (never for a write that failed).
-        self.notifier.track(observed.stack, outbox, durable=result.status is not None)
-        active = result.create_job or next((j for j in observed.jobs if not job_finished(j)), None)
+        self.notifier.track(observed.stack, outbox, durable=decision.status is not None)
+        active = decision.create_job or next(
+            (j for j in observed.jobs if not job_finished(j)), None
+        )
         self.admission.track(key, str(active["metadata"]["name"]) if active else None)
-        self._after_runs(key, result)
-        return ReconcileResult(requeue_after=result.requeue_after)
+        self._after_runs(key, decision)
+        return ReconcileResult(requeue_after=decision.requeue_after)
 
-    def _create_job(self, key: StackKey, observed: Observed, result: Plan) -> Plan:
-        if result.create_job is None:
-            return result
+    def _create_job(self, key: StackKey, observed: Observed, decision: Decision) -> Decision:
+        if decision.create_job is None:
+            return decision
         if self._settings.shard_selector:
             try:
                 self._confirm_latest(observed.stack)
             except StaleStack:
                 self.admission.forget(key)
                 raise
+        job_name = str(decision.create_job["metadata"]["name"])
+        if not (observed.stack.get("metadata") or {}).get("deletionTimestamp"):
+            # A destroy's Job comes back as news (``controller.echoes``).
+            self.own_writes.record_job(key, job_name)
         try:
-            self._actor.create_job(result.create_job, result.create_inputs)
+            self._actor.create_job(decision.create_job, decision.create_inputs)
         except NamespaceTerminating:
+            self.own_writes.forget_job(key, job_name)
             self.admission.forget(key)
-            return plan(
+            return decide(
                 replace(observed, namespace_terminating=True), self._settings, self._template
             )
         except JobRejected as exc:
+            self.own_writes.forget_job(key, job_name)
             self.admission.forget(key)
             log.warning("job for stack %s was rejected: %s", key, exc)
-            return plan(replace(observed, job_rejected=str(exc)), self._settings, self._template)
-        return result
+            return decide(replace(observed, job_rejected=str(exc)), self._settings, self._template)
+        return decision
 
     def _confirm_latest(self, stack: Mapping[str, Any]) -> None:
         """Raise ``StaleStack`` unless ``stack`` is the latest version and still in this
@@ -387,8 +492,8 @@ class StackReconciler:
         if not self._settings.in_shard(live_meta.get("labels") or {}):
             raise StaleStack("the Stack moved to another shard")
 
-    def _after_runs(self, key: StackKey, result: Plan) -> None:
-        for finished in result.finished:
+    def _after_runs(self, key: StackKey, decision: Decision) -> None:
+        for finished in decision.finished:
             duration = -1.0
             if finished.started_at is not None:
                 duration = (finished.outcome.finished_at - finished.started_at).total_seconds()

@@ -19,7 +19,7 @@ Everything about re-running lives here, kept as PKO v2.9 does it:
 
 The knobs are ``config.RetrySettings`` (``PKOBATCH_RETRY__*``). Elsewhere: cron schedules
 (``spec.schedule``, drift checks) in ``schedule.py``; how a finished run becomes status in
-``fold.py``; the order of the whole decision in ``plan.py``.
+``fold.py``; the order of the whole decision in ``decide.py``.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from pkobatch.api.constants import (
     RECONCILING_RETRY_REASON,
     STALLED_UPDATE_FAILED_REASON,
 )
-from pkobatch.api.stack import MAX_SPEC_SECONDS, StackSpec
+from pkobatch.api.run import Run
+from pkobatch.api.stack.base import MAX_SPEC_SECONDS
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.api.status import LastUpdate
 from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings
-from pkobatch.controller.jobs import Run
 
 MIN_RESYNC: Final = timedelta(seconds=PKO_MIN_RESYNC_SECONDS)
 # 3^40 seconds is far beyond any cap; bounding the exponent keeps the float finite.

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pkobatch.api.cron import DueRun, ScheduleError, due_run, next_time
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.api.status import last_drift_check, last_update
 from pkobatch.api.timestamps import parse_time
 from pkobatch.config import Settings

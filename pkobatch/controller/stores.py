@@ -13,7 +13,7 @@ finds a Stack's own objects without scanning (``jobs.for_owner(namespace, stack_
 Finished Jobs and the ConfigMaps (a run's result and inputs, written once) do not change
 again and are read only when their Stack reconciles, yet with a few runs of history they
 are most of what the controller caches: their stores keep them packed (``SETTLED_RUNS``,
-deflated against ``pkobatch.controller.cache.PACKING_DICTIONARY``).
+deflated against ``pkobatch.controller.cache_transforms.PACKING_DICTIONARY``).
 ``jobs.list_unpacked()`` lists the Jobs still running without decoding the finished ones.
 """
 
@@ -31,7 +31,7 @@ from pkobatch.api.constants import (
     STACK_NAME_ANNOTATION,
 )
 from pkobatch.api.objects import JSON, job_finished
-from pkobatch.controller.cache import PACKING_DICTIONARY
+from pkobatch.controller.cache_transforms import PACKING_DICTIONARY
 from pkobatch.kube.client import Resource
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey
 from pkobatch.runtime.on_demand_watches import Lookup

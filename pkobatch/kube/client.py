@@ -47,7 +47,6 @@ IMPERSONATE_USER_HEADER: Final = "Impersonate-User"
 IMPERSONATE_GROUP_HEADER: Final = "Impersonate-Group"
 MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
-JSON_PATCH: Final = "application/json-patch+json"
 DEFAULT_TIMEOUT: Final = (10.0, 60.0)
 Item = TypeVar("Item")
 """What a list's ``transform`` makes of each object."""
@@ -112,6 +111,19 @@ SELF_SUBJECT_REVIEWS: Final = Resource(
     "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False
 )
 DEPLOYMENTS: Final = Resource("apps", "v1", "deployments", "Deployment")
+# Who a bearer token belongs to, and what that user may do (secure metrics).
+TOKEN_REVIEWS: Final = Resource(
+    "authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False
+)
+SUBJECT_ACCESS_REVIEWS: Final = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
+)
+PERSISTENTVOLUMES: Final = Resource(
+    "", "v1", "persistentvolumes", "PersistentVolume", namespaced=False
+)
+PERSISTENTVOLUMECLAIMS: Final = Resource(
+    "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
+)
 
 
 _BY_KIND: Final = {
@@ -134,6 +146,8 @@ _BY_KIND: Final = {
         CLUSTERROLES,
         CLUSTERROLEBINDINGS,
         DEPLOYMENTS,
+        PERSISTENTVOLUMES,
+        PERSISTENTVOLUMECLAIMS,
     )
 }
 
@@ -607,24 +621,6 @@ class Kube:
             query={"fieldManager": field_manager},
             body=patch,
             content_type=MERGE_PATCH,
-        )
-
-    def json_patch(
-        self,
-        res: Resource,
-        name: str,
-        operations: list[JSON],
-        namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-        field_manager: str | None = None,
-    ) -> JSON:
-        return self.request(
-            "PATCH",
-            res.path(namespace, name, subresource),
-            query={"fieldManager": field_manager},
-            body=operations,
-            content_type=JSON_PATCH,
         )
 
     def apply(

@@ -45,14 +45,29 @@ class TokenBucket:
         """A new full bucket of the same size, rate and clock, shared with no one."""
         return TokenBucket(self.qps, self.burst, clock=self._clock, sleep=self._sleep)
 
+    def _refill(self) -> None:
+        """Add the tokens earned since the last call (under the lock)."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.qps)
+        self._updated = now
+
     def reserve(self) -> float:
         """Take one token now, possibly going into debt; the seconds until it is covered."""
         with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.qps)
-            self._updated = now
+            self._refill()
             self._tokens -= 1.0
             return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def take(self) -> float:
+        """Take one token if the bucket holds one (0.0); otherwise take nothing and return the
+        seconds until one is there: for callers that refuse rather than wait (the push
+        receiver answers 429 with that as Retry-After)."""
+        with self._lock:
+            self._refill()
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return 0.0
+            return (1.0 - self._tokens) / self.qps
 
     def wait(self) -> float:
         """Block until this caller's token is available; returns the seconds waited."""

@@ -97,6 +97,10 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("coordination.k8s.io", "leases", "update"),
     # A Stack in a terminating namespace cannot start new runs.
     ("", "namespaces", "get"),
+    # Secure metrics (pkobatch.runtime.secure_metrics): a scraper's token and its right to
+    # get /metrics.
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
 )
 
 # Granted by a Role in the controller's namespace instead of the ClusterRole.

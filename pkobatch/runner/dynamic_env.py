@@ -3,7 +3,7 @@
 PKO sets ``$PULUMI_ENV`` to ``/share/.env`` in every container of a workspace pod; a
 container may append dotenv lines to that file (``PULUMI_CONFIG_PASSPHRASE=...``), and PKO's
 agent passes the variables to every Pulumi command (a missing file means none). The Job
-builder sets the variable the same way (``pkobatch.controller.jobs``); the runner reads the
+builder sets the variable the same way (``pkobatch.controller.job_builder``); the runner reads the
 file here, before Pulumi starts. Every value counts as secret: the file is where a template
 puts what it fetched from a vault.
 

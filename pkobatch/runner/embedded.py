@@ -28,7 +28,8 @@ import yaml
 from pkobatch.api.constants import API_VERSION, KIND, Operation
 from pkobatch.api.git_transport import SETTING_ENV as INSECURE_HTTP_SETTING
 from pkobatch.api.run import GitAuthEnv, RunSnapshot, StackRef, ValueFromEnv
-from pkobatch.api.stack import ResourceRef, StackSpec, load_stack_spec
+from pkobatch.api.stack.spec import ResourceRef, StackSpec
+from pkobatch.api.stack.validation import load_stack_spec
 
 RefKey = tuple[str, str]  # (object name, key)
 DEFAULT_NAMESPACE: Final = "default"

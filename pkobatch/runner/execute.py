@@ -37,10 +37,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pkobatch.api.constants import ResultReason
+from pkobatch.api.constants import FailedStep, ResultReason
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import PlannedStep, ProjectInfo, RunResult, RunSnapshot, plan_id
-from pkobatch.api.stack import StackSpec, load_stack_spec
+from pkobatch.api.stack.spec import StackSpec
+from pkobatch.api.stack.validation import load_stack_spec
 from pkobatch.runner import git, locks
 from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
@@ -53,7 +54,8 @@ from pkobatch.runner.exports import (
     hidden_values,
     plan_export,
 )
-from pkobatch.runner.failures import RunFailure
+from pkobatch.runner.failures import RunFailure, command_output, pulumi_command_failure, stopping_at
+from pkobatch.runner.memory import ContainerMemory, out_of_memory_failure
 from pkobatch.runner.plans import (
     PlanStore,
     encryption_from_secret,
@@ -62,7 +64,7 @@ from pkobatch.runner.plans import (
     plan_secret,
     planned_steps,
 )
-from pkobatch.runner.pulumi_start import PulumiStart, pulumi_command_failure
+from pkobatch.runner.pulumi_start import PulumiStart
 from pkobatch.runner.redact import PASSPHRASE_FILE_ENV, PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
 from pkobatch.runner.rights import AccessReview, check_rights, needed_rights
@@ -212,8 +214,12 @@ def execute(
     outputs_sink: OutputsSink | None = None,
     plan_store: PlanStore | None = None,
     access_review: AccessReview | None = None,
+    memory: ContainerMemory | None = None,
 ) -> RunResult:
-    """Run the snapshot's operation; the result is bounded and holds no secret value."""
+    """Run the snapshot's operation; the result is bounded and holds no secret value.
+    With ``memory`` (the container's cgroup), a failure after an out-of-memory kill in the
+    container is ``OOMKilled`` (``pkobatch.runner.memory``)."""
+    kills_at_start = memory.oom_kills() if memory is not None else 0
     run = _Run(
         snapshot,
         env,
@@ -225,6 +231,7 @@ def execute(
         access_review=access_review,
     )
     reason: ResultReason = "Succeeded"
+    failed_step: FailedStep | None = None
     outcome = OperationOutput()
     message = ""
     cwd = os.getcwd()
@@ -233,7 +240,7 @@ def execute(
             outcome = _execute(run)
         message = "\n".join([*run.notes, outcome.message]).strip()
     except RunFailure as failure:
-        reason, message = failure.reason, failure.message
+        reason, message, failed_step = failure.reason, failure.message, failure.step
     except Exception as error:
         command_failure = pulumi_command_failure(error)
         if command_failure is not None:
@@ -247,6 +254,12 @@ def execute(
     if reason != "Succeeded" and cancellation.requested:
         stopped = cancellation.failure()
         reason, message = stopped.reason, f"{stopped.message}\n{message}".strip()
+        failed_step = None
+    elif reason != "Succeeded" and memory is not None:
+        killed = out_of_memory_failure(kills_at_start, memory.oom_kills(), memory.limit_bytes())
+        if killed is not None:
+            reason, message = killed.reason, f"{killed.message}\n{message}".strip()
+            failed_step = None
     scrub = log.redactor.scrub
     # The messages are scrubbed before they are cut to their bound: a cut secret would no
     # longer be recognised. Outputs were masked when they were read.
@@ -255,6 +268,7 @@ def execute(
         drift_check=snapshot.drift_check,
         state="succeeded" if reason == "Succeeded" else "failed",
         reason=reason,
+        failed_step=failed_step,
         message=bound_message(scrub(message)),
         stack=snapshot.stack,
         job_name=snapshot.job_name,
@@ -338,26 +352,28 @@ def _execute(run: _Run) -> OperationOutput:
             else:
                 run.log.step(f"runtime {host.runtime}: running the program with {host.host}")
                 _install_dependencies(run, project, command, pulumi_env)
-        workspace = RunnerWorkspace(
-            work_dir=str(project.directory),
-            program=program,
-            env_vars=pulumi_env,
-            secrets_provider=spec.secrets_provider,
-            pulumi_command=command,
-            pulumi_home=home,
-        )
-        stack = _select_stack(run, spec, workspace)
+        with stopping_at("stackInitialization"):
+            workspace = RunnerWorkspace(
+                work_dir=str(project.directory),
+                program=program,
+                env_vars=pulumi_env,
+                secrets_provider=spec.secrets_provider,
+                pulumi_command=command,
+                pulumi_home=home,
+            )
+            stack = _select_stack(run, spec, workspace)
         if stack is None:
             _remove_exported(run, spec)
             return OperationOutput(message=f"stack {spec.stack} does not exist; nothing to destroy")
         if snapshot.apply_plan is not None:
             run.plan_file = _approved_plan(run, workspace, stack.name)
-        if config:
-            log.step(f"setting {len(config)} config value(s)")
-            workspace.set_planned_config(stack.name, plan_config(config))
-        if spec.environment:
-            log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
-            stack.add_environments(*spec.environment)
+        with stopping_at("stackInitialization"):
+            if config:
+                log.step(f"setting {len(config)} config value(s)")
+                workspace.set_planned_config(stack.name, plan_config(config))
+            if spec.environment:
+                log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
+                stack.add_environments(*spec.environment)
         try:
             outcome = _operate(run, spec, stack)
             if snapshot.operation == "up":
@@ -557,8 +573,6 @@ def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Sta
     """The stack, created if allowed; None for a destroy of a stack that does not exist."""
     from pulumi.automation import Stack, StackNotFoundError
 
-    from pkobatch.runner.pulumi_cli import command_output
-
     try:
         stack = Stack.select(spec.stack, workspace)
         run.log.step(f"selected stack {spec.stack}")
@@ -611,8 +625,6 @@ def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:
 def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
     """Remove the locks that refused the operation if each provably belongs to a finished
     run of this Stack (``pkobatch.runner.locks``); True when they are gone."""
-    from pkobatch.runner.pulumi_cli import command_output
-
     stdout, stderr = command_output(error)
     found = locks.parse_locks(f"{stderr}\n{stdout}")
     if not found:
@@ -633,6 +645,7 @@ def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
     for entry, path in zip(stale, files, strict=True):
         assert path is not None
         path.unlink(missing_ok=True)
+        locks.attributes_file(path).unlink(missing_ok=True)
         message = f"removed the stale {entry.describe()}"
         run.log.step(message)
         run.cleared_locks.append(message)

@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 from pkobatch.api.constants import API_VERSION, KIND
 from pkobatch.api.objects import JSON
 from pkobatch.api.run import SECRET_PLACEHOLDER, StackRef
-from pkobatch.api.stack import DATA_KEY_PATTERN, ExportOutputs
+from pkobatch.api.stack.spec import DATA_KEY_PATTERN, ExportOutputs
 
 MAX_KEY_LENGTH: Final = 253
 

@@ -11,19 +11,28 @@ cut here: the runner scrubs secret values from it first and then bounds it
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
+from collections.abc import Iterator
 from typing import Final
 
-from pkobatch.api.constants import ResultReason
+from pkobatch.api.constants import FailedStep, ResultReason
 
 
 class RunFailure(Exception):
-    """A run ended without success for a known reason."""
+    """A run ended without success for a known reason; ``step`` when the step at which it
+    stopped has a PKO Event reason of its own (the result's ``failedStep``)."""
 
-    def __init__(self, reason: ResultReason, message: str) -> None:
+    def __init__(self, reason: ResultReason, message: str, step: FailedStep | None = None) -> None:
         super().__init__(message)
         self.reason: ResultReason = reason
         self.message = message
+        self.step: FailedStep | None = step
+
+    def at_step(self, step: FailedStep) -> RunFailure:
+        """This failure, stopped at ``step`` unless it already names where it stopped."""
+        return RunFailure(self.reason, self.message, self.step or step)
 
 
 _TOKEN_PATTERNS: Final = re.compile(
@@ -49,6 +58,10 @@ _PLAN_PATTERNS: Final = re.compile(
 )
 _REPEATED: Final = "an unhandled error occurred: "
 _PROGRAM_KINDS: Final = frozenset({"CompilationError", "RuntimeError", "InlineSourceRuntimeError"})
+# A failed Pulumi command's (stdout, stderr), attached to its error (pkobatch.runner.pulumi_cli).
+OUTPUT_ATTRIBUTE: Final = "pkobatch_output"
+# Checked in sys.modules only: recognising the SDK's errors must not import the SDK.
+_SDK_ERRORS_MODULE: Final = "pulumi.automation.errors"
 
 
 def classify_pulumi_error(kind: str, stdout: str, stderr: str) -> RunFailure:
@@ -127,3 +140,36 @@ def pulumi_error_message(stdout: str, stderr: str) -> str:
         tail = [line.strip() for line in stdout.splitlines() if line.strip()][-20:]
         parts = ["\n".join(tail)] if tail else ["the Pulumi command failed without output"]
     return "\n".join(parts)
+
+
+def command_output(error: BaseException) -> tuple[str, str]:
+    """(stdout, stderr) of the Pulumi command that raised ``error`` ("" when unknown)."""
+    output = getattr(error, OUTPUT_ATTRIBUTE, None)
+    if isinstance(output, tuple) and len(output) == 2:
+        return str(output[0]), str(output[1])
+    return "", str(error)
+
+
+def pulumi_command_failure(error: BaseException) -> RunFailure | None:
+    """The failure for a Pulumi command that exited non-zero (the Automation API's
+    ``CommandError``); None for any other error. An error raised before the SDK was loaded
+    cannot be one of its errors, so it is not loaded for this."""
+    errors = sys.modules.get(_SDK_ERRORS_MODULE)
+    if errors is None or not isinstance(error, errors.CommandError):
+        return None
+    return classify_pulumi_error(type(error).__name__, *command_output(error))
+
+
+@contextlib.contextmanager
+def stopping_at(step: FailedStep) -> Iterator[None]:
+    """Failures inside (the runner's, or a Pulumi command's) are marked as stopped at
+    ``step``; any other error goes on as it is."""
+    try:
+        yield
+    except RunFailure as failure:
+        raise failure.at_step(step) from None
+    except Exception as error:
+        command_failure = pulumi_command_failure(error)
+        if command_failure is None:
+            raise
+        raise command_failure.at_step(step) from None

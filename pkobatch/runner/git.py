@@ -23,6 +23,7 @@ The fetch is ``git init`` + ``git fetch`` of exactly what the run needs (``--dep
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Final
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import GitAuthEnv
-from pkobatch.api.stack import GitAuthConfig, ResourceRef
+from pkobatch.api.stack.spec import GitAuthConfig, ResourceRef
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.redact import Redactor, scrub_url_credentials
 
@@ -83,12 +84,14 @@ class GitCredentials:
         if app is None:
             return self
         # cryptography is slow to import: only runs that use a GitHub App pay for it.
-        from pkobatch.runner.github_app import TOKEN_USERNAME, GitHubAppError, installation_token
+        from pkobatch.github_app import TOKEN_USERNAME, GitHubAppError, installation_token
 
         try:
             token = installation_token(url, app.app_id, app.installation_id, app.private_key)
         except GitHubAppError as exc:
-            raise RunFailure("SourceUnavailable", redactor.scrub(str(exc))) from None
+            raise RunFailure(
+                "SourceUnavailable", redactor.scrub(str(exc)), "gitAuthentication"
+            ) from None
         redactor.add(token)
         return GitCredentials(username=TOKEN_USERNAME, password=token)
 
@@ -312,6 +315,19 @@ Runner = Callable[[list[str], Mapping[str, str], Path], "subprocess.CompletedPro
 """Runs one command (argv, environment, working directory), e.g. ``Cancellation.run``."""
 
 
+# What git prints when the server refused the credentials sent, or wanted some and got none
+# (the runner disables git's prompts): HTTP 401/403, or SSH's refusal of the key.
+_AUTHENTICATION_REFUSED: Final = re.compile(
+    r"Authentication failed for|could not read (Username|Password) for"
+    r"|The requested URL returned error: 40[13]|Permission denied \(publickey"
+)
+
+
+def refused_credentials(git_output: str) -> bool:
+    """Whether a failed git command's output says the server refused its credentials."""
+    return _AUTHENTICATION_REFUSED.search(git_output) is not None
+
+
 def git_argv(args: list[str]) -> list[str]:
     # An empty credential.helper list: no helper may store the credentials anywhere. No
     # automatic maintenance after the fetch: the checkout lives for one run.
@@ -341,6 +357,7 @@ def checkout(
         return RunFailure(
             "SourceUnavailable",
             bound_message(f"git {step} of {source.describe()} failed: {output}"),
+            "gitAuthentication" if refused_credentials(output) else None,
         )
 
     dest.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,12 @@ def lock_file(lock: Lock) -> Path | None:
     return Path(path)
 
 
+def attributes_file(lock_path: Path) -> Path:
+    """The file in which the ``file://`` backend (gocloud's fileblob) keeps a lock file's
+    attributes, beside it; a stale lock is removed with it."""
+    return lock_path.with_name(f"{lock_path.name}.attrs")
+
+
 def not_live_message(locks: list[Lock], ended_runs: Iterable[str]) -> str:
     """Why no lock was removed: the locks not left by an ended run of this Stack."""
     ended = list(ended_runs)

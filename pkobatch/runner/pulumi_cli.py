@@ -43,17 +43,8 @@ from pulumi.automation.errors import create_command_error
 
 from pkobatch.api.run import SECRET_PLACEHOLDER
 from pkobatch.runner.cancel import Cancellation
+from pkobatch.runner.failures import OUTPUT_ATTRIBUTE, RunFailure, stopping_at
 from pkobatch.runner.stack_config import ConfigPlan
-
-_OUTPUT_ATTRIBUTE = "pkobatch_output"
-
-
-def command_output(error: BaseException) -> tuple[str, str]:
-    """(stdout, stderr) of the Pulumi command that raised ``error`` ("" when unknown)."""
-    output = getattr(error, _OUTPUT_ATTRIBUTE, None)
-    if isinstance(output, tuple) and len(output) == 2:
-        return str(output[0]), str(output[1])
-    return "", str(error)
 
 
 def _pump(stream: IO[str], callback: OnOutput | None, sink: list[str]) -> None:
@@ -139,7 +130,7 @@ class RunnerPulumiCommand(PulumiCommand):
         )
         if result.code != 0:
             error = create_command_error(result)
-            setattr(error, _OUTPUT_ATTRIBUTE, (result.stdout, result.stderr))
+            setattr(error, OUTPUT_ATTRIBUTE, (result.stdout, result.stderr))
             raise error
         return result
 
@@ -170,8 +161,7 @@ class RunnerWorkspace(LocalWorkspace):
         )
 
     def stack_outputs(self, stack_name: str) -> OutputMap:
-        result = self._run_pulumi_cmd_sync(["stack", "output", "--json", "--stack", stack_name])
-        masked: dict[str, Any] = json.loads(result.stdout or "{}")
+        masked = self._read_outputs(["stack", "output", "--json", "--stack", stack_name])
         return {
             key: OutputValue(value=value, secret=value == SECRET_PLACEHOLDER)
             for key, value in masked.items()
@@ -179,8 +169,18 @@ class RunnerWorkspace(LocalWorkspace):
 
     def stack_outputs_with_secrets(self, stack_name: str) -> dict[str, Any]:
         """The outputs in plaintext (``--show-secrets``): only for ``spec.exportOutputs``."""
-        result = self._run_pulumi_cmd_sync(
+        return self._read_outputs(
             ["stack", "output", "--json", "--show-secrets", "--stack", stack_name]
         )
-        values: dict[str, Any] = json.loads(result.stdout or "{}")
-        return values
+
+    def _read_outputs(self, args: list[str]) -> dict[str, Any]:
+        """What ``pulumi stack output --json`` prints; a failure is one of reading the
+        outputs (``outputRetrieval``): the Automation API reads them after every ``up``."""
+        with stopping_at("outputRetrieval"):
+            result = self._run_pulumi_cmd_sync(args)
+            try:
+                outputs: dict[str, Any] = json.loads(result.stdout or "{}")
+            except ValueError:
+                # Not quoted: with --show-secrets it may hold secret values.
+                raise RunFailure("JobFailed", f"pulumi {' '.join(args)} printed no JSON") from None
+        return outputs

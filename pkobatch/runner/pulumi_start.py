@@ -8,8 +8,8 @@ is there. Only these two overlap the checkout: every Pulumi command of the run s
 after it, one at a time, as before.
 
 This module must not import the SDK itself (``pkobatch.runner.pulumi_cli`` does), and neither
-may the code that runs before ``command()``: ``pulumi_command_failure`` recognizes the SDK's
-errors without importing it.
+may the code that runs before ``command()``: ``failures.pulumi_command_failure`` recognizes
+the SDK's errors without importing it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from pkobatch.runner.failures import RunFailure, classify_pulumi_error
+from pkobatch.runner.failures import RunFailure
 
 if TYPE_CHECKING:
     from pkobatch.runner.cancel import Cancellation
@@ -32,19 +31,6 @@ if TYPE_CHECKING:
 # The CLI the runner runs, from PATH (the Automation API's default too).
 PULUMI_CLI: Final = "pulumi"
 _SDK_MODULE: Final = "pkobatch.runner.pulumi_cli"
-_SDK_ERRORS_MODULE: Final = "pulumi.automation.errors"
-
-
-def pulumi_command_failure(error: BaseException) -> RunFailure | None:
-    """The failure for a Pulumi command that exited non-zero (the Automation API's
-    ``CommandError``); None for any other error. An error raised before the SDK was loaded
-    cannot be one of its errors, so it is not loaded for this."""
-    errors = sys.modules.get(_SDK_ERRORS_MODULE)
-    if errors is None or not isinstance(error, errors.CommandError):
-        return None
-    from pkobatch.runner.pulumi_cli import command_output
-
-    return classify_pulumi_error(type(error).__name__, *command_output(error))
 
 
 def _import_sdk() -> None:

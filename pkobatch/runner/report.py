@@ -42,7 +42,9 @@ from pkobatch.api.run import (
     TERMINATION_MESSAGE_PATH_ENV,
     RunResult,
     StackRef,
+    result_config_map,
     result_digest_line,
+    result_labels,
     snapshot_sha256,
 )
 from pkobatch.api.timestamps import parse_time
@@ -61,7 +63,7 @@ from pkobatch.kube.client import (
 )
 from pkobatch.kube.rbac import access_review
 from pkobatch.runner.exports import ExportFailed, ExportTargetObject
-from pkobatch.runner.result import fitted_result_message, result_config_map, result_labels
+from pkobatch.runner.result import fitted_result_message
 from pkobatch.runner.rights import Right
 
 MAX_ATTEMPTS: Final = 6

@@ -1,4 +1,4 @@
-"""Shaping a run's ``RunResult`` and its ConfigMap (pure functions).
+"""Shaping a run's ``RunResult`` to its bounds (pure functions; its ConfigMap: ``api.run``).
 
 Size: a result must fit ``MAX_RESULT_BYTES`` (far below the 1 MiB object limit) and hold at
 most ``MAX_RESULT_OUTPUTS`` outputs. When it does not, outputs go first — kept in key order
@@ -18,16 +18,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pkobatch.api.constants import (
-    MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE,
-    MAX_LABEL_VALUE_LENGTH,
-    OPERATION_LABEL,
-    RESULT_KEY,
-    RESULT_LABEL,
-    SHARD_LABEL,
-    STACK_LABEL,
-)
 from pkobatch.api.run import (
     MAX_RESULT_BYTES,
     MAX_RESULT_OUTPUTS,
@@ -39,8 +29,6 @@ from pkobatch.api.run import (
 # Step operations that mean "the real resource differs from the state" in a refresh.
 _NOT_DRIFT: Final = frozenset({"same", "read"})
 _PERMALINK: Final = re.compile(r"(?:View in Browser \(Ctrl\+O\)|View Live|Permalink):\s*(\S+)")
-# The shard label puts the result in the watches of its Stack's controller shard.
-_COPIED_JOB_LABELS: Final = (MANAGED_BY_LABEL, STACK_LABEL, OPERATION_LABEL, SHARD_LABEL)
 
 
 def normalize_changes(changes: Mapping[Any, Any] | None) -> dict[str, int]:
@@ -131,48 +119,3 @@ def fitted_result_message(result: RunResult) -> str:
             bare.model_copy(update={"message": bare.message[:chars]}).to_json()
         )
     return message
-
-
-def result_labels(job_labels: Mapping[str, str], stack_name: str, operation: str) -> dict[str, str]:
-    """The result ConfigMap's labels: the run's Job's own (so the stack label's hashing
-    stays the Job builder's alone), or computed when the Job could not be read."""
-    labels = {key: job_labels[key] for key in _COPIED_JOB_LABELS if key in job_labels}
-    labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY_VALUE)
-    labels.setdefault(OPERATION_LABEL, operation)
-    if STACK_LABEL not in labels and len(stack_name) <= MAX_LABEL_VALUE_LENGTH:
-        labels[STACK_LABEL] = stack_name
-    return labels
-
-
-def result_config_map(
-    result: RunResult,
-    *,
-    name: str,
-    namespace: str,
-    labels: Mapping[str, str],
-    job_uid: str | None,
-) -> dict[str, Any]:
-    """The result ConfigMap, owned by the run's Job when its UID is known; immutable, so
-    nobody changes it in place (it can only be deleted, which the controller reports)."""
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "labels": {**labels, RESULT_LABEL: result.state},
-    }
-    if job_uid:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "name": result.job_name,
-                "uid": job_uid,
-                "controller": True,
-            }
-        ]
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata,
-        "immutable": True,
-        "data": {RESULT_KEY: result.to_json()},
-    }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pkobatch.api.run import RunSnapshot
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.runner.exports import export_targets
 from pkobatch.runner.failures import RunFailure
 

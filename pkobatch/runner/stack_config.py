@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pkobatch.api.run import ValueFromEnv
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.runner.failures import RunFailure
 
 

@@ -24,19 +24,21 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
 from pkobatch.kube.client import Kube, Resource
-from pkobatch.runtime.health import HttpEndpoints, Response, health_routes
+from pkobatch.runtime.health import HttpEndpoints, Response, Route, health_routes
 from pkobatch.runtime.interfaces import MapFunc, ObjectKey, Reconciler, Service
 from pkobatch.runtime.leader import LeaderElector
 from pkobatch.runtime.metrics import Metrics
-from pkobatch.runtime.reflector import Reflector, Transform, enqueue_keys
+from pkobatch.runtime.reflector import Echo, Reflector, Transform, enqueue_keys
+from pkobatch.runtime.secure_metrics import MetricsAuthorizer, authorized, server_context
 from pkobatch.runtime.store import Store, slim
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import WorkQueue
@@ -77,6 +79,9 @@ class Watch:
     # False: a resync skips this watch's objects (their keys are queued by another watch's
     # resync anyway, and listing a store whose objects are kept packed decodes them all).
     resync: bool = True
+    # Changes that only echo the reconciler's own writes queue nothing (not applied to the
+    # first list, whose changes are all news).
+    echo: Echo | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ class ManagerOptions:
     # "0" or "" disables an endpoint.
     health_addr: str = "0"
     metrics_addr: str = "0"
+    # HTTPS, TokenReview and SubjectAccessReview in front of /metrics (runtime.secure_metrics);
+    # the certificate's directory, or "" for a self-signed one.
+    metrics_secure: bool = False
+    metrics_cert_dir: str = ""
 
 
 class Stoppable(Protocol):
@@ -154,7 +163,7 @@ class Manager:
                         kube,
                         watch.resource,
                         watch.store,
-                        enqueue_keys(watch.to_keys, queue.add),
+                        enqueue_keys(watch.to_keys, queue.add, watch.echo),
                         namespace=namespace,
                         label_selector=watch.label_selector,
                         metrics=self.metrics,
@@ -184,7 +193,14 @@ class Manager:
         if options.health_addr not in ("", "0"):
             self._endpoints.append(HttpEndpoints(options.health_addr, health_routes(self.ready)))
         if options.metrics_addr not in ("", "0"):
-            self._endpoints.append(HttpEndpoints(options.metrics_addr, {"/metrics": self._scrape}))
+            scrape: Route = self._scrape
+            context: ssl.SSLContext | None = None
+            if options.metrics_secure:
+                scrape = authorized(MetricsAuthorizer(kube), self._scrape)
+                context = server_context(options.metrics_cert_dir, socket.gethostname())
+            self._endpoints.append(
+                HttpEndpoints(options.metrics_addr, {"/metrics": scrape}, ssl_context=context)
+            )
 
     # -- state ----------------------------------------------------------------------------
 
@@ -202,8 +218,11 @@ class Manager:
     def endpoint_ports(self) -> list[int]:
         return [endpoint.port for endpoint in self._endpoints]
 
-    def _scrape(self) -> Response:
-        return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.exposition()
+    def _scrape(self, headers: Mapping[str, str]) -> Response:
+        content_headers, body = self.metrics.exposition(
+            headers.get("accept", ""), headers.get("accept-encoding", "")
+        )
+        return 200, content_headers, body
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -5,12 +5,17 @@
 The ``controller`` label is the name the caller gives. What a reconciler measures about
 its own objects registers on the same ``registry`` (``pkobatch.controller.stack_metrics``).
 
+The scrape is negotiated as Prometheus does it: OpenMetrics when the ``Accept`` header asks
+for it (else the text format 0.0.4), gzip when ``Accept-Encoding`` allows it.
+
 Each ``Metrics`` has its own registry (with the process/platform/GC collectors), so several
 managers can live in one test process.
 """
 
 from __future__ import annotations
 
+import gzip
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -19,8 +24,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -239,8 +244,16 @@ class Metrics:
             lambda: max(queue.processing_ages(), default=0.0)
         )
 
-    def exposition(self) -> bytes:
-        return bytes(generate_latest(self.registry))
+    def exposition(
+        self, accept: str = "", accept_encoding: str = ""
+    ) -> tuple[Mapping[str, str], bytes]:
+        """The registry's exposition in the format ``accept`` asks for, gzipped if
+        ``accept_encoding`` allows; with its Content-Type (and Content-Encoding) header."""
+        encoder, content_type = choose_encoder(accept)
+        body = bytes(encoder(self.registry))
+        if gzip_accepted(accept_encoding):
+            return {"Content-Type": content_type, "Content-Encoding": "gzip"}, gzip.compress(body)
+        return {"Content-Type": content_type}, body
 
 
 class QueueHooks:

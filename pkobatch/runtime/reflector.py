@@ -42,6 +42,9 @@ from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.store import Store, slim
 
 OnChange = Callable[[JSON | None, JSON | None], None]
+Echo = Callable[[ObjectKey, JSON | None, JSON | None], bool]
+"""``echo(key, old, new)``: does this change only bring back what ``key``'s reconcile wrote
+(controller-runtime's predicates)? Then it does not queue ``key``."""
 Transform = Callable[[JSON], JSON]
 RELIST_AFTER_FAILURES: Final = 5
 # A watch that ends this fast without an error still counts as a failure, so a server
@@ -51,9 +54,12 @@ MIN_HEALTHY_WATCH_SECONDS: Final = 1.0
 log = logging.getLogger(__name__)
 
 
-def enqueue_keys(to_keys: MapFunc, enqueue: Callable[[ObjectKey], None]) -> OnChange:
+def enqueue_keys(
+    to_keys: MapFunc, enqueue: Callable[[ObjectKey], None], echo: Echo | None = None
+) -> OnChange:
     """An ``on_change`` that enqueues the keys of the object before and after the change
-    (an update may move an object from one key to another)."""
+    (an update may move an object from one key to another), except those for which ``echo``
+    says the change only brings back the reconciler's own write."""
 
     def changed(old: JSON | None, new: JSON | None) -> None:
         keys: set[ObjectKey] = set()
@@ -61,7 +67,8 @@ def enqueue_keys(to_keys: MapFunc, enqueue: Callable[[ObjectKey], None]) -> OnCh
             if obj is not None:
                 keys.update(to_keys(obj))
         for key in keys:
-            enqueue(key)
+            if echo is None or not echo(key, old, new):
+                enqueue(key)
 
     return changed
 

@@ -121,10 +121,6 @@ class Store:
             stored = self._objects.get(ObjectKey(namespace, name))
         return None if stored is None else self._read(stored)
 
-    def list_keys(self) -> list[ObjectKey]:
-        with self._lock:
-            return list(self._objects)
-
     def list_objects(self) -> list[JSON]:
         with self._lock:
             stored = list(self._objects.values())

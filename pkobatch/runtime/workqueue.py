@@ -103,10 +103,6 @@ class WorkQueue(Generic[K]):
         with self._cond:
             return self._depth()
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def add(self, key: K) -> None:
         with self._cond:
             self._add(key)

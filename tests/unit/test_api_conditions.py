@@ -9,7 +9,6 @@ from pkobatch.api.conditions import (
     READY_MESSAGE,
     STALLED_MESSAGE,
     find_condition,
-    is_condition_true,
     mark_ready,
     mark_reconciling,
     mark_stalled,
@@ -21,7 +20,7 @@ from pkobatch.api.constants import (
     RECONCILING_RETRY_REASON,
     STALLED_SPEC_INVALID_REASON,
 )
-from pkobatch.api.stack import Condition
+from pkobatch.api.stack.status import Condition
 
 T0 = datetime(2026, 8, 1, 10, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
@@ -30,6 +29,11 @@ T2 = T1 + timedelta(minutes=5)
 
 def summary(conditions: list[Condition]) -> dict[str, tuple[str, str, str]]:
     return {c.type: (c.status, c.reason, c.message) for c in conditions}
+
+
+def ready_is_true(conditions: list[Condition]) -> bool:
+    found = find_condition(conditions, "Ready")
+    return found is not None and found.status == "True"
 
 
 def test_reconciling_then_ready_then_stalled() -> None:
@@ -44,7 +48,7 @@ def test_reconciling_then_ready_then_stalled() -> None:
 
     conditions = mark_ready(conditions, now=T1, observed_generation=3)
     assert summary(conditions) == {"Ready": ("True", "ProcessingCompleted", READY_MESSAGE)}
-    assert is_condition_true(conditions, "Ready")
+    assert ready_is_true(conditions)
 
     conditions = mark_stalled(
         conditions, STALLED_SPEC_INVALID_REASON, "spec.stack is empty", now=T2
@@ -53,7 +57,7 @@ def test_reconciling_then_ready_then_stalled() -> None:
         "Ready": ("False", "NotReadyStalled", STALLED_MESSAGE),
         "Stalled": ("True", "SpecInvalid", "spec.stack is empty"),
     }
-    assert not is_condition_true(conditions, "Ready")
+    assert not ready_is_true(conditions)
 
 
 def test_stalled_to_reconciling_removes_stalled() -> None:

@@ -9,7 +9,9 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel
 
 from pkobatch.api import NOOP_FIELDS
-from pkobatch.api.stack import SPEC_ALIASES, StackSpec, StackStatus
+from pkobatch.api.stack.normalize import SPEC_ALIASES
+from pkobatch.api.stack.spec import StackSpec
+from pkobatch.api.stack.status import StackStatus
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

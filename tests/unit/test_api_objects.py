@@ -13,7 +13,7 @@ from pkobatch.api.objects import (
     owned_by,
     true_condition,
 )
-from pkobatch.cli.views import stack_view
+from pkobatch.cli.stack_views import stack_view
 
 
 def job(*conditions: tuple[str, str]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pkobatch.api import (
     normalize_spec,
     validate_stack_spec,
 )
-from pkobatch.api.stack import (
+from pkobatch.api.stack.spec import (
     EXTENSION_FIELDS,
     GIT_AUTH_METHODS,
     WorkspaceTemplateSpec,

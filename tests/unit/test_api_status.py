@@ -12,7 +12,7 @@ from pkobatch.api.operation_request import (
     request_value,
     split_request,
 )
-from pkobatch.api.stack import (
+from pkobatch.api.stack.status import (
     CurrentStackUpdate,
     DriftCheckStatus,
     OperationRequestStatus,

@@ -9,7 +9,8 @@ from types import ModuleType
 
 import pytest
 
-from pkobatch.controller.polling import LS_REMOTE_TIMEOUT, branch_ref, ls_remote
+from pkobatch.controller.polling import LS_REMOTE_TIMEOUT, ls_remote
+from pkobatch.controller.push import Push, branch_ref, read_push, repository_identity, verify
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -42,3 +43,16 @@ def test_each_pushed_commit_is_the_head_the_controller_polls(
     heads = [repo.push_commit(f"commit {index}") for index in range(2)]
     assert heads[0] != heads[1]
     assert ls_remote(repo.url, branch_ref(bench.BRANCH), None, LS_REMOTE_TIMEOUT) == heads[1]
+
+
+def test_the_webhook_it_posts_verifies_and_names_the_stacks_repository(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    repo = bench.Repository(tmp_path)
+    webhook = bench.Webhook(port=1, secret="bench-secret")
+    body, headers = webhook.signed(repo.url, bench.BRANCH)
+    lowered = {name.lower(): value for name, value in headers.items()}
+    verify("generic", b"bench-secret", lowered, body)
+    assert read_push("generic", lowered, body) == Push(
+        frozenset({repository_identity(repo.url)}), branch_ref(bench.BRANCH)
+    )

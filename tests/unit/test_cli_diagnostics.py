@@ -10,6 +10,7 @@ import pytest
 from pkobatch.api.crd import generate_crd
 from pkobatch.cli.diagnostics import (
     COMMAND_PERMISSIONS,
+    controller_deployments,
     controller_image,
     crd_differences,
     image_tag,
@@ -139,3 +140,28 @@ def test_leader_election_is_read_from_the_controllers_environment() -> None:
     assert leader_election(deployment(referenced)) is None
     assert leader_election(deployment(env_from=True)) is None
     assert leader_election(deployment(off, env_from=True)) is False
+
+
+def labelled(name: str, **labels: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_controller_deployments_are_told_apart_by_label_whatever_their_names() -> None:
+    controller = "app.kubernetes.io/component"
+    renamed = labelled("acme-pko-controller", **{controller: "controller"})
+    second = labelled("zz-controller", **{controller: "controller"})
+    blue = labelled(
+        "acme-pko-controller-blue",
+        **{controller: "controller-shard", "pkobatch.io/controller-shard": "blue"},
+    )
+    green = labelled(
+        "x", **{controller: "controller-shard", "pkobatch.io/controller-shard": "green"}
+    )
+    unlabelled_shard = labelled("y", **{controller: "controller-shard"})
+
+    found = controller_deployments([green, second, blue, unlabelled_shard, renamed])
+
+    assert found.main is renamed
+    assert found.shards == [("blue", blue), ("green", green)]
+    assert controller_deployments([blue]).main is None
+    assert controller_deployments([]).shards == []

@@ -23,6 +23,12 @@ from pkobatch.controller.command import controller_command
         ([], {"PKOBATCH_KUBE_QPS": "0"}, "PKOBATCH_KUBE_QPS"),
         (["--kube-burst", "0"], {}, "PKOBATCH_KUBE_BURST"),
         ([], {"PKOBATCH_RESYNC_PERIOD": "0s"}, "PKOBATCH_RESYNC_PERIOD"),
+        # The push receiver: an address needs receivers, each NAME=KIND of a known kind.
+        ([], {"PKOBATCH_RECEIVER__ADDR": ":8090"}, "PKOBATCH_RECEIVER__RECEIVERS (e.g."),
+        ([], {"PKOBATCH_RECEIVER__RECEIVERS": "infra=bitbucket"}, "is not NAME=KIND"),
+        ([], {"PKOBATCH_RECEIVER__RECEIVERS": "a=github,a=gitlab"}, "named twice"),
+        ([], {"PKOBATCH_RECEIVER__ADDR": "8090"}, "PKOBATCH_RECEIVER__ADDR"),
+        ([], {"PKOBATCH_RECEIVER__RATE": "0"}, "PKOBATCH_RECEIVER__RATE"),
     ],
 )
 def test_invalid_settings_exit_2_with_the_variable_named(

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from pkobatch.api.constants import FINALIZER
 from pkobatch.config import Settings
-from pkobatch.controller.cache import cache_job, cache_stack
+from pkobatch.controller.cache_transforms import cache_job, cache_stack
 from pkobatch.controller.reconcile import (
     CONFLICT_RETRY,
     OWN_WRITE_SECONDS,
@@ -112,17 +112,22 @@ class ApiServer:
 
 
 class Enqueuer:
+    def __init__(self) -> None:
+        self.queued: list[StackKey] = []
+
     def enqueue(self, key: StackKey, after: float | None = None) -> None:
-        pass
+        self.queued.append(key)
 
 
-def reconciler_on(api: ApiServer, stores: Stores) -> StackReconciler:
+def reconciler_on(
+    api: ApiServer, stores: Stores, enqueuer: Enqueuer | None = None
+) -> StackReconciler:
     return StackReconciler(
         api,  # type: ignore[arg-type]
         stores,
         Settings(),
         StackMetrics(CollectorRegistry()),
-        Enqueuer(),
+        enqueuer or Enqueuer(),
     )
 
 
@@ -167,3 +172,78 @@ def test_a_reconcile_that_finds_its_own_write_not_yet_cached_waits_for_it() -> N
     stale.jobs.upsert(cache_job(copy.deepcopy(api.jobs[0])))
     assert reconciler_on(api, stale).reconcile(KEY).requeue_after == CONFLICT_RETRY
     assert api.requests == ["PATCH stacks"]
+
+
+def new_stack() -> dict[str, Any]:
+    return {
+        "apiVersion": "pulumi.com/v1",
+        "kind": "Stack",
+        "metadata": {
+            "name": "app",
+            "namespace": "team",
+            "uid": "stack-uid",
+            "resourceVersion": "5",
+            "generation": 1,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"stack": "dev"},
+    }
+
+
+def test_the_watch_events_of_a_reconciles_own_writes_are_echoes() -> None:
+    created = new_stack()
+    api = ApiServer(copy.deepcopy(created))
+    stores = Stores.empty()
+    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    reconciler = reconciler_on(api, stores)
+    reconciler.reconcile(KEY)  # Job, finalizer (5 -> 6), status (6 -> 7)
+    writes = reconciler.own_writes
+    job = cache_job(copy.deepcopy(api.jobs[0]))
+    assert writes.echoed_job(KEY, None, job)
+    with_finalizer = {**api.stack, "metadata": {**api.stack["metadata"], "resourceVersion": "6"}}
+    assert writes.echoed_stack(KEY, created, cache_stack(copy.deepcopy(with_finalizer)))
+    assert writes.echoed_stack(KEY, with_finalizer, cache_stack(copy.deepcopy(api.stack)))
+    # Then someone else's edit of the same Stack is news again.
+    edited = copy.deepcopy(api.stack)
+    edited["metadata"].update(resourceVersion="8", generation=2)
+    assert not writes.echoed_stack(KEY, api.stack, edited)
+    assert not writes.echoed_job(KEY, None, job)  # a Job of the same name made again
+
+
+def test_no_echo_is_dropped_while_a_reconcile_waits_for_it() -> None:
+    created = new_stack()
+    api = ApiServer(copy.deepcopy(created))
+    stores = Stores.empty()
+    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    enqueuer = Enqueuer()
+    reconciler = reconciler_on(api, stores, enqueuer)
+    reconciler.reconcile(KEY)
+    reconciler.reconcile(KEY)  # woken by something else, finds version 5: waits
+    assert enqueuer.queued == []
+    written = cache_stack(copy.deepcopy(api.stack))
+    assert not reconciler.own_writes.echoed_stack(KEY, created, written)
+    assert not reconciler.own_writes.echoed_job(KEY, None, cache_job(copy.deepcopy(api.jobs[0])))
+
+
+def test_a_reconcile_that_waits_for_a_version_the_cache_got_meanwhile_is_queued_again() -> None:
+    # The written version's event may be judged an echo (and dropped) between the
+    # reconcile's read of the cache and its decision to wait: it queues the Stack itself.
+    created = new_stack()
+    api = ApiServer(copy.deepcopy(created))
+    stores = Stores.empty()
+    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    enqueuer = Enqueuer()
+    reconciler = reconciler_on(api, stores, enqueuer)
+    reconciler.reconcile(KEY)
+    behind = reconciler.own_writes.behind
+
+    def behind_while_the_event_arrives(key: StackKey, version: str) -> bool:
+        stores.stacks.upsert(cache_stack(copy.deepcopy(api.stack)))
+        return behind(key, version)
+
+    reconciler.own_writes.behind = behind_while_the_event_arrives  # type: ignore[method-assign]
+    assert api.requests == ["POST jobs", "PATCH stacks", "PATCH stacks/status"]
+    api.requests.clear()
+    reconciler.reconcile(KEY)
+    assert api.requests == []
+    assert enqueuer.queued == [KEY]

@@ -1,4 +1,4 @@
-"""The controller's shared pieces outside ``plan``: merge patches, the run-slot admission,
+"""The controller's shared pieces outside ``decide``: merge patches, the run-slot admission,
 the prerequisite index, the branch poller (with a fake ``ls-remote`` and clock), and the
 events' shape. The API side of these is covered by tests/integration/test_controller_*.
 """
@@ -14,16 +14,15 @@ import pytest
 
 from pkobatch.config import Settings
 from pkobatch.controller.act import merge_patch
+from pkobatch.controller.decision import SourceHead
 from pkobatch.controller.events import MAX_NOTE_CHARS, event_body
-from pkobatch.controller.jobs import builtin_template
-from pkobatch.controller.plan import SourceHead
+from pkobatch.controller.job_builder import builtin_template
 from pkobatch.controller.polling import (
     CredentialRef,
     GitCredentials,
     GitPoller,
     PollError,
     PollKey,
-    branch_ref,
     poll_key,
     scrub,
 )
@@ -156,7 +155,6 @@ def test_poll_key_identifies_credentials_by_reference() -> None:
     )
     assert poll_key("ns", {"projectRepo": "https://g/x.git", "commit": "abc"}) is None
     assert poll_key("ns", {"stack": "dev"}) is None
-    assert branch_ref("refs/heads/x") == "refs/heads/x"
 
 
 def test_scrub_removes_credentials_from_urls() -> None:
@@ -347,6 +345,60 @@ def test_a_stack_asking_during_a_fetch_waits_for_the_next_one() -> None:
     wait_for(lambda: git.calls == 2)
     wait_for(lambda: B in woken)
     assert poller.head(B, key, fresh_for=(1, "")) == SourceHead("1" * 40)
+    poller.stop()
+
+
+def test_a_push_fetches_its_branch_now_and_only_for_the_stacks_following_it() -> None:
+    git = FakeGit()
+    woken: list[StackKey] = []
+    clock = Clock()
+    poller = poller_of(git, clock, woken)
+    main = PollKey("https://g/x.git", "refs/heads/main", None)
+    other = PollKey("https://g/x.git", "refs/heads/other", None)
+    git.heads["refs/heads/other"] = "3" * 40
+    poller.head(A, main)
+    poller.head(B, other)
+    poller.poll_due()
+    wait_for(lambda: sorted(woken) == [A, B])
+    git.heads["refs/heads/main"] = "2" * 40
+    clock.now = 5  # far from the next poll (60 s)
+    # The identity of the push's SSH URL matches the Stack's HTTPS projectRepo.
+    assert poller.refresh(frozenset({"g/x"}), "refs/heads/main") == (2, 1)
+    poller.poll_due()
+    wait_for(lambda: len(woken) == 3)
+    assert woken[-1] == A and git.calls == 3  # one more ls-remote, of main only
+    assert poller.head(A, main) == SourceHead("2" * 40)
+    assert poller.refresh(frozenset({"g/x"}), "refs/heads/gone") == (2, 0)
+    assert poller.refresh(frozenset({"g/unknown"}), "refs/heads/main") == (0, 0)
+    poller.poll_due()
+    settle(poller, woken)
+    assert git.calls == 3  # neither started a fetch
+    poller.stop()
+
+
+def test_a_push_during_a_fetch_gets_a_fetch_of_its_own() -> None:
+    git = FakeGit()
+    woken: list[StackKey] = []
+    clock = Clock()
+    poller = poller_of(git, clock, woken)
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.poll_due()
+    wait_for(lambda: woken == [A])
+    git.gate.clear()
+    clock.now = 60
+    poller.poll_due()  # the interval's poll, started before the commit: held at the gate
+    clock.now = 61
+    git.heads["refs/heads/main"] = "2" * 40  # too late for the held fetch to be trusted
+    assert poller.refresh(frozenset({"g/x"}), "refs/heads/main") == (1, 1)
+    poller.poll_due()  # in flight: not started twice
+    git.gate.set()
+    wait_for(lambda: woken == [A, A])  # the held fetch is done (and saw the new head)
+    poller.poll_due()
+    wait_for(lambda: git.calls == 3)
+    poller.poll_due()
+    settle(poller, woken)
+    assert git.calls == 3  # the push was served: no fourth fetch
     poller.stop()
 
 

@@ -1,6 +1,6 @@
 """Image archives written by pkobatch.dev.oci: the same inputs give the same bytes, the
 layout is what ``ctr images import`` reads (the name annotation, digests that match their
-blobs), and the layer holds the entries as given."""
+blobs), the layer holds the entries as given, and a base layer lies beneath it as it is."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pkobatch.dev.images import image_manifest, image_paths
 from pkobatch.dev.oci import (
     CONTAINERD_NAME_ANNOTATION,
     ImageConfig,
@@ -112,3 +113,23 @@ def test_a_cached_archive_is_built_once_per_inputs(
     other = cached_archive("tool", [b"a", b"c"], build)
     assert built == [first, other] and first != other
     assert first.parent == tmp_path / "archives"
+
+
+def test_a_base_layer_lies_beneath_the_images_own_layer_as_it_is(tmp_path: Path) -> None:
+    base = tmp_path / "rootfs.tar"
+    with tarfile.open(base, "w") as tar:
+        for name in ("./etc", "./etc/os-release"):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE if name == "./etc" else tarfile.REGTYPE
+            content = b"ID=example\n" if info.isreg() else b""
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    archive = tmp_path / "image.tar"
+    write_oci_archive(archive, "example/tool:1", ENTRIES, ImageConfig(), [base])
+
+    files = members(archive)
+    layers: list[dict[str, str]] = image_manifest(archive)["layers"]  # type: ignore[assignment]
+    base_digest = f"sha256:{hashlib.sha256(base.read_bytes()).hexdigest()}"
+    assert len(layers) == 2 and layers[0]["digest"] == base_digest
+    assert files[f"blobs/sha256/{base_digest.removeprefix('sha256:')}"] == base.read_bytes()
+    assert image_paths(archive) == {"etc", "etc/os-release", "bin", "bin/alias", "bin/tool", "tmp"}

@@ -22,6 +22,7 @@ from pkobatch.dev.tools import (
     find_tools,
     versions,
 )
+from pkobatch.runner.stack_config import JSON_CONFIG_MIN_VERSION
 
 TOOLS_SH = Path(__file__).resolve().parents[2] / "scripts" / "tools.sh"
 TEST_SH = TOOLS_SH.with_name("test.sh")
@@ -44,7 +45,7 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
     assert built == {*COMPONENTS, *ECOSYSTEM_TOOLS, *NODE_TOOLS, *VERSION_CHECK_TOOLS}
     default = re.search(r"^want=\$\{\*:-(.*)\}$", script, re.MULTILINE)
     assert default is not None and default.group(1).split() == list(COMPONENTS)
-    # The test command builds the ecosystem tools, the real node and the old Pulumi CLI; the
+    # The test command builds the ecosystem tools, the real node and the older Pulumi CLIs; the
     # default (bootstrap, demo) does not.
     only_tests = " ".join((*ECOSYSTEM_TOOLS, *NODE_TOOLS, *VERSION_CHECK_TOOLS))
     assert f"bash scripts/tools.sh {only_tests}" in TEST_SH.read_text()
@@ -57,17 +58,25 @@ def test_every_component_has_a_build_function_and_a_pinned_version() -> None:
         "PROMETHEUS_OPERATOR_VERSION",
         "ARGOCD_VERSION",
         "CLI_UTILS_VERSION",
+        "DISTRIBUTION_VERSION",
         "CONTAINERD_VERSION",
         "CNI_PLUGINS_VERSION",
         "CRI_TOOLS_VERSION",
     ):
         assert f"${key}" in script and pinned[key].startswith("v")
-    # The old CLI is older than the main one (Pulumi's versions carry no "v" here).
-    old, current = (
-        tuple(int(part) for part in pinned[key].split("."))
-        for key in ("PULUMI_OLD_VERSION", "PULUMI_VERSION")
+    # The old CLI is older than `config set-all --json`, the middle one between that and the
+    # main one (Pulumi's versions carry no "v" here).
+    old, minimum, middle, current = (
+        tuple(int(part) for part in version.split("."))
+        for version in (
+            pinned["PULUMI_OLD_VERSION"],
+            JSON_CONFIG_MIN_VERSION,
+            pinned["PULUMI_MID_VERSION"],
+            pinned["PULUMI_VERSION"],
+        )
     )
-    assert "$PULUMI_OLD_VERSION" in script and old < current
+    assert "$PULUMI_OLD_VERSION" in script and "$PULUMI_MID_VERSION" in script
+    assert old < minimum <= middle < current
 
 
 def test_pulumi_path_lists_the_cli_and_the_built_plugins(

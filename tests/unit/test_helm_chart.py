@@ -2,19 +2,18 @@
 
 One source of truth: for every kustomize install (base, overlays, components, runner) the
 chart renders the same objects in substance with the matching ``ci/*-values.yaml``; what
-differs is listed here and nowhere else (Helm's own labels, the Namespace object Helm does
-not own, the hash suffix kustomize gives a generated ConfigMap, the install's labels on the
-CRD, which Helm applies from ``crds/`` untemplated). The kustomize install is
-checked against pkobatch's code in test_kustomize.py, so the chart is too.
+differs is listed in ``assert_same_objects`` (tests/deploy_render.py) and nowhere else
+(Helm's own labels, the Namespace object Helm does not own, the hash suffix kustomize gives
+a generated ConfigMap, the install's labels on the CRD, which Helm applies from ``crds/``
+untemplated). The kustomize install is checked against pkobatch's code in
+test_kustomize.py, so the chart is too.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +25,7 @@ from deploy_render import (
     REPO,
     SYSTEM_NAMESPACE,
     Obj,
+    assert_same_objects,
     helm,
     rendered,
     template,
@@ -34,127 +34,8 @@ from deploy_render import (
 from test_kustomize import names_a_setting
 
 from pkobatch.config import load_settings
-
-HELM_LABELS = (
-    "helm.sh/chart",
-    "app.kubernetes.io/managed-by",
-    "app.kubernetes.io/instance",
-    "app.kubernetes.io/version",
-)
-# Annotations the chart adds to restart the controller when its input changes (kustomize
-# does the same with the ConfigMap's hash suffix).
-HELM_ANNOTATIONS = ("checksum/job-template",)
-# Cluster-scoped kinds kustomize's built-in schema does not know: it gives them the
-# kustomization's namespace, which the API server ignores for them.
-CLUSTER_SCOPED_WITHOUT_SCHEMA = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-GENERATED_NAME = re.compile(r"^(pkobatch-job-template)-[a-z0-9]{10}$")
-
-
-def _generated(name: str) -> str:
-    match = GENERATED_NAME.match(name)
-    return match.group(1) if match else name
-
-
-def normalized(obj: Obj) -> Obj:
-    """The object in substance: without Helm's bookkeeping labels, kustomize's name hashes,
-    and with the controller's env as a name-keyed mapping (order carries no meaning)."""
-    obj = yaml.safe_load(yaml.safe_dump(obj))
-    meta = obj["metadata"]
-    meta["name"] = _generated(meta["name"])
-    if obj["kind"] in CLUSTER_SCOPED_WITHOUT_SCHEMA:
-        meta.pop("namespace", None)
-    if obj["kind"] == "ValidatingAdmissionPolicy":
-        # CEL ignores whitespace; kustomize re-folds long expressions differently.
-        for item in [*obj["spec"].get("validations", []), *obj["spec"].get("matchConditions", [])]:
-            item["expression"] = " ".join(item["expression"].split())
-    ignored = HELM_LABELS
-    if obj["kind"] == "CustomResourceDefinition":
-        # Helm installs crds/ files as they are (never templated): no labels of the install.
-        ignored = (*HELM_LABELS, "app.kubernetes.io/part-of")
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in ignored}
-    meta.pop("labels", None)
-    if labels:
-        meta["labels"] = labels
-    if obj["kind"] == "Deployment":
-        template_meta = obj["spec"]["template"]["metadata"]
-        annotations = {
-            k: v
-            for k, v in (template_meta.pop("annotations", None) or {}).items()
-            if k not in HELM_ANNOTATIONS
-        }
-        if annotations:
-            template_meta["annotations"] = annotations
-        pod = obj["spec"]["template"]["spec"]
-        for volume in pod.get("volumes", []):
-            if "configMap" in volume:
-                volume["configMap"]["name"] = _generated(volume["configMap"]["name"])
-        # Lists merged by name: their order carries no meaning.
-        pod["volumes"] = {v["name"]: v for v in pod.get("volumes", [])}
-        for container in pod["containers"]:
-            for field in ("env", "volumeMounts"):
-                container[field] = {e["name"]: e for e in container.get(field, [])}
-    if obj["kind"] == "ConfigMap" and "job-template.yaml" in obj.get("data", {}):
-        # Text of a YAML file: compare what it says, not its trailing newline.
-        obj["data"]["job-template.yaml"] = yaml.safe_load(obj["data"]["job-template.yaml"])
-    return obj
-
-
-def by_key(objects: Iterable[Obj]) -> dict[tuple[str, str, str], Obj]:
-    keyed: dict[tuple[str, str, str], Obj] = {}
-    for obj in objects:
-        meta = normalized(obj)["metadata"]
-        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
-        assert key not in keyed, f"rendered twice: {key}"
-        keyed[key] = normalized(obj)
-    return keyed
-
-
-def assert_same_objects(kustomized: Iterable[Obj], charted: Iterable[Obj]) -> None:
-    from_kustomize = by_key(kustomized)
-    from_chart = by_key(charted)
-    # The one object only kustomize installs: Helm does not own the release namespace
-    # (`helm install --create-namespace`; docs/install.md says how to label it).
-    only_kustomize = {k for k in from_kustomize.keys() - from_chart.keys()}
-    assert {k[0] for k in only_kustomize} <= {"Namespace"}, (
-        f"kustomize renders objects the chart does not: {sorted(only_kustomize)}; "
-        "add them to deploy/helm/pkobatch/templates"
-    )
-    for key in only_kustomize:
-        del from_kustomize[key]
-    assert sorted(from_chart.keys() - from_kustomize.keys()) == [], (
-        "the chart renders objects kustomize does not"
-    )
-    for key, obj in from_kustomize.items():
-        differences = [
-            f"  {path}: kustomize {value!r}, chart {charted!r}"
-            for path, value, charted in differing_fields(obj, from_chart[key])
-        ]
-        assert differences == [], (
-            f"{key} differs between deploy/kustomize and deploy/helm/pkobatch (change both):\n"
-            + "\n".join(differences)
-        )
-
-
-def fields(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from fields(item, f"{path}/{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from fields(item, f"{path}[{index}]")
-    else:
-        yield path, value
-
-
-def differing_fields(left: Obj, right: Obj) -> list[tuple[str, Any, Any]]:
-    """Every leaf path where the two objects differ (absent on one side shows as None)."""
-    left_fields, right_fields = dict(fields(left)), dict(fields(right))
-    return [
-        (path, left_fields.get(path), right_fields.get(path))
-        for path in sorted(left_fields.keys() | right_fields.keys())
-        if left_fields.get(path, ...) != right_fields.get(path, ...)
-    ]
-
+from pkobatch.dev.chart import CHART as CHART_DIR
+from pkobatch.dev.chart import CRDS, chart_copies, drifted, sync
 
 # --- one source of truth ------------------------------------------------------------------
 
@@ -181,6 +62,10 @@ def test_chart_renders_what_kustomize_renders(
         ("overlays/prod", "job-template", ["prod", "job-template"]),
         ("base", "monitoring", ["monitoring"]),
         ("overlays/dev", "monitoring", ["dev", "monitoring"]),
+        ("base", "push-receiver", ["push-receiver"]),
+        ("overlays/prod", "push-receiver", ["prod", "push-receiver"]),
+        ("base", "secure-metrics", ["secure-metrics"]),
+        ("overlays/prod", "secure-metrics", ["prod", "secure-metrics"]),
     ],
 )
 def test_chart_values_render_what_the_components_add(
@@ -206,25 +91,22 @@ def test_runner_namespaces_get_what_deploy_kustomize_runner_gives(
 
 
 def test_chart_crds_are_the_generated_ones() -> None:
-    """Helm installs crds/ as they are: symbolic links to the repository's crds/ (which a
-    unit test keeps equal to what pkobatch generates); `helm package` copies their content."""
+    """Helm installs crds/ as they are: copies of the repository's crds/ (which a unit test
+    keeps equal to what pkobatch generates)."""
     generated = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
     del generated["kustomization.yaml"]
     charted = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
-    assert charted == generated, (
-        "deploy/helm/pkobatch/crds/ must link every CRD of crds/: "
-        "ln -s ../../../../crds/<file> deploy/helm/pkobatch/crds/"
-    )
+    assert charted == generated, "run: python -m pkobatch.dev.chart"
 
 
-def test_chart_reads_rbac_rules_and_monitoring_from_deploy_kustomize() -> None:
-    """One source: the chart's RBAC rules, admission policy, alerts and dashboard are read
-    from deploy/kustomize through links, never copied."""
-    linked = CHART / "files" / "kustomize"
-    for path in linked.iterdir():
-        assert path.is_symlink(), f"{path} must link into deploy/kustomize"
-        assert path.resolve().is_relative_to(KUSTOMIZE), path
-    assert {p.name for p in linked.iterdir()} == {
+def test_the_chart_holds_no_link_and_its_copies_match_their_sources() -> None:
+    """Flux's source-controller leaves symbolic links out of a GitRepository's artifact: the
+    chart's CRDs, RBAC rules, admission policy, alerts and dashboard are copies of crds/ and
+    deploy/kustomize, kept in step by pkobatch.dev.chart."""
+    links = [str(p.relative_to(REPO)) for p in CHART.rglob("*") if p.is_symlink()]
+    assert links == []
+    assert drifted() == [], "run: python -m pkobatch.dev.chart"
+    assert {p.name for p in (CHART / "files" / "kustomize").iterdir()} == {
         "controller-clusterrole.yaml",
         "runner-clusterrole.yaml",
         "leader-election-role.yaml",
@@ -232,6 +114,33 @@ def test_chart_reads_rbac_rules_and_monitoring_from_deploy_kustomize() -> None:
         "prometheusrule.yaml",
         "pkobatch-dashboard.json",
     }
+
+
+def test_drift_is_found_and_sync_repairs_it(tmp_path: Path) -> None:
+    for source in {*chart_copies().values(), CRDS / "kustomization.yaml"}:
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / source).write_bytes((REPO / source).read_bytes())
+    assert len(sync(tmp_path)) == len(chart_copies()) == 8
+    assert drifted(tmp_path) == []
+    rules = tmp_path / CHART_DIR / "files" / "kustomize" / "runner-clusterrole.yaml"
+    rules.write_text(rules.read_text() + "# edited\n")
+    stale = tmp_path / CHART_DIR / "crds" / "pulumi.com_old.yaml"
+    stale.write_text("kind: CustomResourceDefinition\n")
+    crd = tmp_path / CHART_DIR / "crds" / "pulumi.com_stacks.yaml"
+    crd.unlink()
+    crd.symlink_to(tmp_path / CRDS / "pulumi.com_stacks.yaml")
+    assert sorted(drifted(tmp_path)) == [
+        f"{CHART_DIR}/crds/pulumi.com_old.yaml: has no source",
+        f"{CHART_DIR}/crds/pulumi.com_stacks.yaml: not a copy of crds/pulumi.com_stacks.yaml",
+        f"{CHART_DIR}/files/kustomize/runner-clusterrole.yaml: differs from "
+        "deploy/kustomize/base/runner-clusterrole.yaml",
+    ]
+    assert sorted(map(str, sync(tmp_path))) == [
+        f"{CHART_DIR}/crds/pulumi.com_old.yaml",
+        f"{CHART_DIR}/crds/pulumi.com_stacks.yaml",
+        f"{CHART_DIR}/files/kustomize/runner-clusterrole.yaml",
+    ]
+    assert drifted(tmp_path) == [] and not crd.is_symlink()
 
 
 # --- the chart's own values ---------------------------------------------------------------
@@ -344,6 +253,7 @@ def test_namespaced_scope_grants_roles_in_every_watched_namespace(helm_bin: Path
         ),
         (["sharding.shards={Blue}"], '"Blue" is not a shard name'),
         (["sharding.shards={blue,blue}"], "blue is listed twice"),
+        (["rbac.scope=namespace", "metrics.secure=true"], "metrics.secure needs rbac.scope"),
     ],
 )
 def test_values_that_cannot_work_are_refused_with_a_reason(
@@ -357,9 +267,9 @@ def test_values_that_cannot_work_are_refused_with_a_reason(
     assert message in done.stderr
 
 
-def test_packaged_chart_carries_the_linked_files(helm_bin: Path, tmp_path: Path) -> None:
-    """`helm package` copies what crds/ and files/kustomize/ link to: a chart installed from
-    the package (a registry, a release asset) renders what the source directory renders."""
+def test_packaged_chart_renders_what_the_directory_renders(helm_bin: Path, tmp_path: Path) -> None:
+    """A chart installed from the package (a registry, a release asset) renders what the
+    source directory renders, CRDs, rules, alerts and dashboard included."""
     helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("pkobatch-*.tgz")
     args = ["--namespace", SYSTEM_NAMESPACE, "--include-crds"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import runpy
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pkobatch.config import JobSettings
@@ -103,7 +103,8 @@ def test_the_runner_is_the_official_pulumi_image_at_pkobatchs_version() -> None:
     assert args["PULUMI_VERSION"] == versions()["PULUMI_VERSION"]
     assert stage("runner").base == "${PULUMI_IMAGE}"
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    assert f"pulumi=={args['PULUMI_VERSION']}" in pyproject["project"]["dependencies"]
+    runner_extra = pyproject["project"]["optional-dependencies"]["runner"]
+    assert f"pulumi=={args['PULUMI_VERSION']}" in runner_extra
 
 
 def test_both_images_hold_the_bundle_where_the_controller_looks() -> None:
@@ -115,7 +116,7 @@ def test_both_images_hold_the_bundle_where_the_controller_looks() -> None:
         assert ("COPY", "--from=bundle /out/pkobatch-runner ${RUNNER_BUNDLE}") in instructions
     build = stage("bundle").last("RUN")
     assert "jobs/build-runner-bundle.sh --out /out/pkobatch-runner" in build
-    assert "'.[bundle]'" in build
+    assert "'.[runner,bundle]'" in build
 
 
 def test_the_bundle_stage_builds_the_static_launcher() -> None:
@@ -128,34 +129,40 @@ def test_the_bundle_stage_builds_the_static_launcher() -> None:
     assert "jobs/runner_launcher.c" in copied.split()
 
 
-def test_the_controller_image_installs_every_dependency_but_the_runners() -> None:
-    script = runpy.run_path(str(REPO_ROOT / "jobs" / "controller_requirements.py"))
-    pyproject_text = (REPO_ROOT / "pyproject.toml").read_text()
-    pyproject = tomllib.loads(pyproject_text)
-    dependencies = pyproject["project"]["dependencies"]
-    requirements = script["controller_requirements"](pyproject_text)
-    assert [d for d in dependencies if d not in requirements] == ["pulumi==3.259.0"]
-    # import-linter forbids the controller exactly what its image leaves out.
-    (contract,) = [
-        c
+def test_only_the_runner_images_install_the_runner_extra() -> None:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    runner_extra = pyproject["project"]["optional-dependencies"]["runner"]
+    assert [distribution(d) for d in runner_extra] == ["pulumi"]
+    assert "pulumi" not in {distribution(d) for d in pyproject["project"]["dependencies"]}
+    # import-linter forbids the controller and the CLI exactly what the extra holds.
+    forbidden = [
+        c["forbidden_modules"]
         for c in pyproject["tool"]["importlinter"]["contracts"]
-        if "pkobatch.controller" in c["source_modules"] and "pulumi" in c["forbidden_modules"]
+        if "pulumi" in c["forbidden_modules"]
     ]
-    assert tuple(contract["forbidden_modules"]) == script["RUNNER_ONLY"]
-    assert "&& python3 /src/controller_requirements.py /src/pyproject.toml >" in " ".join(
-        value for key, value in stage("controller").instructions if key == "RUN"
-    )
+    assert forbidden == [["pulumi"], ["pulumi"]]
+    installs = {
+        name: " ".join(args for kind, args in stage(name).instructions if kind == "RUN")
+        for name in ("bundle", "controller", "runner")
+    }
+    assert "'.[runner,bundle]'" in installs["bundle"].split()
+    assert "'/src[runner]'" in installs["runner"].split()
+    assert "/src" in installs["controller"].split() and "[runner" not in installs["controller"]
+
+
+def distribution(requirement: str) -> str:
+    """The normalized distribution name of a PEP 508 requirement."""
+    name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
 
 
 # Runs `pkobatch` as the controller image does, with the Pulumi SDK (and gRPC) impossible to
-# import.
+# import: a None in sys.modules makes every import of the package fail and find_spec say
+# it is not there.
 WITHOUT_PULUMI = """
-import importlib.abc, sys
-class Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] in ("pulumi", "grpc"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, Absent())
+import sys
+sys.modules["pulumi"] = sys.modules["grpc"] = None
 sys.argv[0] = "pkobatch"
 from pkobatch.main import main
 main()
@@ -208,6 +215,28 @@ def test_the_build_context_holds_what_the_dockerfile_copies_without_caches(
     _, stages = parse()
     _stage_context(_copied_sources(_stages_of("runner", stages)), DOCKERFILE, tmp_path)
     staged = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
-    assert {"jobs/Dockerfile", "pyproject.toml", "pkobatch/api/stack.py"} <= staged
+    assert {"jobs/Dockerfile", "pyproject.toml", "pkobatch/api/stack/spec.py"} <= staged
     assert "jobs/job-template.yaml" not in staged
     assert [p for p in staged if "__pycache__" in p or p.endswith(".pyc")] == []
+
+
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [(["job", "run", "--snapshot", "{}"], 3), (["run", "-f", "stack.yaml"], 2)],
+)
+def test_the_runner_refuses_to_start_without_the_pulumi_sdk(
+    command: list[str], status: int, tmp_path: Path
+) -> None:
+    (tmp_path / "stack.yaml").write_text("kind: Stack\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PKOBATCH_")}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PULUMI, *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr
+    assert "pip install 'pkobatch[runner]'" in " ".join(done.stderr.split())

@@ -55,6 +55,18 @@ def test_tokens_refill_with_time_but_never_beyond_burst() -> None:
     assert limiter.wait() == pytest.approx(0.2)
 
 
+def test_take_refuses_without_going_into_debt_and_says_how_long_to_wait() -> None:
+    clock = FakeClock()
+    limiter = bucket(0.5, 2, clock)
+    assert [limiter.take(), limiter.take()] == [0, 0]
+    assert limiter.take() == pytest.approx(2.0)  # one token takes 2 s at 0.5 a second
+    clock.now += 1.0
+    assert limiter.take() == pytest.approx(1.0)  # refusals took nothing
+    clock.now += 1.0
+    assert limiter.take() == 0
+    assert clock.slept == []
+
+
 def test_over_any_window_at_most_burst_plus_qps_times_its_length_are_granted() -> None:
     clock = FakeClock()
     limiter = bucket(5, 10, clock)

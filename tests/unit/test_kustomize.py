@@ -25,7 +25,7 @@ from deploy_render import (
 )
 
 from pkobatch.config import Settings, load_settings
-from pkobatch.controller.jobs import builtin_template, parse_template
+from pkobatch.controller.job_builder import builtin_template, parse_template
 from pkobatch.kube.rbac import (
     CONTROLLER_API_CALLS,
     CONTROLLER_OWN_NAMESPACE_RESOURCES,

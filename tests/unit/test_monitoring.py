@@ -1,6 +1,7 @@
 """pkobatch's alerts and dashboard (deploy/kustomize/components/monitoring) against the real
 ``promtool``: the rules load, every alert's unit tests pass (tests/fixtures/monitoring), each
-alert has a case that fires and one that does not, and every dashboard query parses.
+alert has a case that fires and one that does not, every alert's runbook_url names a section
+of docs/, and every dashboard query parses.
 
 That the metrics they name are exported by a running controller is checked in
 tests/e2e/test_helm_install.py, which scrapes the controller the chart configures.
@@ -9,6 +10,7 @@ tests/e2e/test_helm_install.py, which scrapes the controller the chart configure
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "deploy" / "kustomize" / "components" / "monitoring"
 RULE_TESTS = REPO / "tests" / "fixtures" / "monitoring" / "rules-test.yaml"
 DASHBOARD = MONITORING / "pkobatch-dashboard.json"
+RUNBOOK_PREFIX = "https://github.com/OWNER/pkobatch/blob/main/"
 # Grafana's variables, replaced by what they stand for so promtool can parse the queries.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$job": ".*"}
 
@@ -106,6 +109,32 @@ def test_the_unit_tests_catch_a_changed_rule(
     done = run_rule_tests(promtool_bin, tmp_path, groups)
     assert done.returncode != 0
     assert f"alertname: {alert}" in done.stdout + done.stderr
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lowercase, punctuation other
+    than hyphens dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_alert_has_a_runbook_section_in_docs() -> None:
+    for alert in alerts():
+        url = alert["annotations"].get("runbook_url", "")
+        assert url.startswith(RUNBOOK_PREFIX), f"{alert['alert']}: runbook_url {url!r}"
+        path, _, anchor = url.removeprefix(RUNBOOK_PREFIX).partition("#")
+        assert path.startswith("docs/"), url
+        assert anchor == alert["alert"].lower(), url
+        assert anchor in heading_anchors((REPO / path).read_text()), f"{url}: no such heading"
+
+
+def test_heading_anchors_follow_github() -> None:
+    text = "## Runs, Jobs and history\n### PkobatchNoLeader\n## Suspend (pkobatch)\n"
+    assert heading_anchors(text) == {
+        "runs-jobs-and-history",
+        "pkobatchnoleader",
+        "suspend-pkobatch",
+    }
 
 
 # --- the dashboard ------------------------------------------------------------------------

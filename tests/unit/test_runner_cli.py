@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from pkobatch.api.run import RunResult, StackRef
-from pkobatch.cli.job_command import job_group
 from pkobatch.cli.local_run import render_result, run_command
-from pkobatch.runner.job import summary_line
+from pkobatch.runner.command import job_group
+from pkobatch.runner.job_run import summary_line
 
 
 def result(**fields: object) -> RunResult:

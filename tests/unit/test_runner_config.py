@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.run import ValueFromEnv
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.stack_config import (
     MAX_CONFIG_ARGUMENT_BYTES,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.run import SECRET_PLACEHOLDER, RunSnapshot
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.runner.execute import known_secrets, runner_only_env_names, secret_env_names
 from pkobatch.runner.git import resolve_git_credentials
 from pkobatch.runner.redact import Redactor

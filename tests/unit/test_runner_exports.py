@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from pkobatch.api.run import StackRef
-from pkobatch.api.stack import ExportOutputs, load_stack_spec
+from pkobatch.api.stack.spec import ExportOutputs
+from pkobatch.api.stack.validation import load_stack_spec
 from pkobatch.runner.exports import (
     encode_output,
     export_objects,

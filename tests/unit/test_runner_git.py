@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.run import GitAuthEnv
-from pkobatch.api.stack import GitAuthConfig
+from pkobatch.api.stack.spec import GitAuthConfig
 from pkobatch.runner import git
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.redact import Redactor
@@ -217,6 +217,27 @@ def test_a_failed_fetch_is_source_unavailable_and_scrubbed(tmp_path: Path) -> No
     assert raised.value.reason == "SourceUnavailable"
     assert "leaked-pw" not in raised.value.message
     assert "git fetch of https://***@127.0.0.1:9/nothing.git at main failed" in raised.value.message
+    # Nothing answered: not a refusal of the credentials.
+    assert raised.value.step is None
+
+
+@pytest.mark.parametrize(
+    ("output", "refused"),
+    [
+        ("fatal: Authentication failed for 'http://127.0.0.1:8080/app.git/'", True),
+        (
+            "fatal: could not read Username for 'https://example.test': terminal prompts disabled",
+            True,
+        ),
+        ("fatal: unable to access 'https://x/': The requested URL returned error: 403", True),
+        ("git@127.0.0.1: Permission denied (publickey).\nfatal: Could not read from remote", True),
+        ("fatal: unable to access 'https://x/': The requested URL returned error: 404", False),
+        ("fatal: unable to access 'http://127.0.0.1:9/': Failed to connect", False),
+        ("fatal: couldn't find remote ref refs/heads/nope", False),
+    ],
+)
+def test_refused_credentials_are_told_from_other_fetch_failures(output: str, refused: bool) -> None:
+    assert git.refused_credentials(output) is refused
 
 
 def test_github_app_variables_become_app_credentials_and_the_key_is_secret() -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pkobatch.runner.locks import Lock, ended_run_of, lock_file, parse_locks, stale_locks
+from pkobatch.runner.locks import (
+    Lock,
+    attributes_file,
+    ended_run_of,
+    lock_file,
+    parse_locks,
+    stale_locks,
+)
 
 JOB = "app-up-0123456789"
 LOCK_URL = "file:///tmp/backend/.pulumi/locks/organization/files/dev/5b1f.json"
@@ -56,3 +63,10 @@ def test_only_a_file_backends_lock_file_is_addressable() -> None:
     s3 = "s3://bucket/.pulumi/locks/organization/files/dev/5b1f.json"
     assert lock_file(Lock(s3, "u", "h", 1, "t")) is None
     assert lock_file(Lock("file:///etc/passwd", "u", "h", 1, "t")) is None
+
+
+def test_a_lock_files_attributes_are_beside_it() -> None:
+    # As Pulumi's file:// backend (gocloud's fileblob) writes them while it holds a lock.
+    path = lock_file(Lock(LOCK_URL, "u", "h", 1, "t"))
+    assert path is not None
+    assert attributes_file(path) == path.parent / "5b1f.json.attrs"

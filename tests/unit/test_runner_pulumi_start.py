@@ -13,8 +13,8 @@ import pytest
 from pulumi.automation.errors import InvalidVersionError
 
 from pkobatch.runner.cancel import Budget, Cancellation
-from pkobatch.runner.failures import RunFailure
-from pkobatch.runner.pulumi_start import PULUMI_CLI, PulumiStart, pulumi_command_failure
+from pkobatch.runner.failures import RunFailure, pulumi_command_failure, stopping_at
+from pkobatch.runner.pulumi_start import PULUMI_CLI, PulumiStart
 
 
 def cli_env(tmp_path: Path, script: str) -> dict[str, str]:
@@ -100,13 +100,35 @@ def test_an_automation_api_command_error_becomes_its_classified_failure() -> Non
     assert pulumi_command_failure(ValueError("a bug")) is None
 
 
+def test_failures_inside_a_step_are_marked_as_stopped_there_and_other_errors_pass() -> None:
+    from pulumi.automation._cmd import CommandResult
+    from pulumi.automation.errors import create_command_error
+
+    locked = create_command_error(
+        CommandResult(
+            stdout="",
+            stderr="error: [409] Conflict: Another update is currently in progress.",
+            code=255,
+        )
+    )
+    with pytest.raises(RunFailure) as raised, stopping_at("stackInitialization"):
+        raise locked
+    assert (raised.value.reason, raised.value.step) == ("UpdateConflict", "stackInitialization")
+    with pytest.raises(RunFailure) as raised, stopping_at("outputRetrieval"):
+        raise RunFailure("SourceUnavailable", "refused", "gitAuthentication")
+    # The innermost step is where it stopped.
+    assert raised.value.step == "gitAuthentication"
+    with pytest.raises(KeyError), stopping_at("outputRetrieval"):
+        raise KeyError("a bug")
+
+
 def test_job_run_loads_no_pulumi_sdk_before_the_run_needs_it() -> None:
     # What the overlap relies on: the command's modules, and telling an SDK error from a bug
     # before the SDK is there, leave the SDK unloaded.
     script = (
         "import sys\n"
-        "import pkobatch.cli.job_command\n"
-        "from pkobatch.runner.pulumi_start import pulumi_command_failure\n"
+        "import pkobatch.runner.command\n"
+        "from pkobatch.runner.failures import pulumi_command_failure\n"
         "assert pulumi_command_failure(ValueError('early')) is None\n"
         "print(sorted(m for m in sys.modules if m == 'pulumi' or m.startswith('pulumi.')))\n"
     )

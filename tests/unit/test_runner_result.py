@@ -20,7 +20,9 @@ from pkobatch.api.run import (
     MAX_TERMINATION_MESSAGE_BYTES,
     RunResult,
     StackRef,
+    result_config_map,
     result_in_message,
+    result_labels,
 )
 from pkobatch.runner.result import (
     bound_result,
@@ -28,8 +30,6 @@ from pkobatch.runner.result import (
     find_permalink,
     fitted_result_message,
     normalize_changes,
-    result_config_map,
-    result_labels,
 )
 
 

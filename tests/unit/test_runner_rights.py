@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.run import RunSnapshot
-from pkobatch.api.stack import StackSpec
+from pkobatch.api.stack.spec import StackSpec
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.rights import Right, check_rights, needed_rights
 

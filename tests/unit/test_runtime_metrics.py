@@ -16,7 +16,7 @@ def test_controller_label_is_the_name_given() -> None:
         )
         == 1.0
     )
-    text = metrics.exposition().decode()
+    text = metrics.exposition()[1].decode()
     assert "controller_runtime_reconcile_time_seconds_bucket" in text
     assert "process_resident_memory_bytes" in text
 

@@ -202,7 +202,7 @@ def test_list_then_watch_applies_events_and_bookmarks(serve: Callable[[FakeApi],
             (None, "c@12"),
             ("b@21", None),
         ]
-        assert sorted(k.name for k in store.list_keys()) == ["a", "c"]
+        assert sorted(o["metadata"]["name"] for o in store.list_objects()) == ["a", "c"]
         assert api.watch_versions() == ["10"]
         query = api.requests[-1][1]
         assert query["allowWatchBookmarks"] == "true"
@@ -225,7 +225,7 @@ def test_error_410_during_watch_relists_and_reports_what_changed(
         wait_for(lambda: r.lists == 2 and len(api.watch_versions()) == 2)
         assert api.watch_versions() == ["10", "31"]
         assert recorder.changes[2:] == [("a@5", "a@30"), ("b@6", None)]
-        assert [k.name for k in store.list_keys()] == ["a"]
+        assert [o["metadata"]["name"] for o in store.list_objects()] == ["a"]
     finally:
         r.stop()
 

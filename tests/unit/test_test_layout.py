@@ -32,3 +32,17 @@ def test_a_test_carries_the_marker_of_its_folder(request: pytest.FixtureRequest)
     assert request.node.get_closest_marker("integration") is None
     assert request.node.get_closest_marker("node") is None
     assert request.node.get_closest_marker("e2e") is None
+
+
+def test_unit_tests_of_controller_modules_carry_the_controller_prefix() -> None:
+    """One prefix scheme: the unit tests of ``pkobatch/controller/<module>.py`` (and of its
+    ``steps/``) are ``test_controller_<module>*.py``, as the runner's are ``test_runner_*``."""
+    controller = TESTS.parent / "pkobatch" / "controller"
+    modules = {p.stem for p in controller.rglob("*.py") if not p.stem.startswith("_")} | {"steps"}
+    unprefixed = sorted(
+        path.name
+        for path in (TESTS / "unit").glob("test_*.py")
+        if any(re.fullmatch(rf"test_{m}(_\w+)?", path.stem) for m in modules)
+        and not path.stem.startswith("test_controller_")
+    )
+    assert unprefixed == [], f"name these test_controller_<module>...: {unprefixed}"
