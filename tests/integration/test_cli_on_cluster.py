@@ -780,7 +780,13 @@ def _deployment(
     extra_labels: dict[str, str] | None = None,
     env: list[JSON] | None = None,
 ) -> None:
-    labels = {"app.kubernetes.io/name": "pkobatch", **(extra_labels or {})}
+    # As deploy/ labels the main controller; a shard's extra_labels change the component.
+    labels = {
+        "app.kubernetes.io/name": "pkobatch",
+        "app.kubernetes.io/part-of": "pkobatch",
+        "app.kubernetes.io/component": "controller",
+        **(extra_labels or {}),
+    }
     container: JSON = {"name": "controller", "image": "pkobatch/runner:9.8.7", "env": env or []}
     kube.create(
         DEPLOYMENTS,
@@ -858,11 +864,12 @@ def test_check_passes_a_ready_controller_without_leader_election(
     cli: Callable[..., Result], kube: Kube, namespace: str
 ) -> None:
     off = [{"name": "PKOBATCH_LEADER_ELECTION__ENABLED", "value": "false"}]
-    _deployment(kube, namespace, env=off)
+    # Renamed, as the chart's fullnameOverride does: check finds it by its labels.
+    _deployment(kube, namespace, "acme-pko-controller", env=off)
     # The Deployment controller is not part of the test control plane: its status is set here.
     kube.merge_patch(
         DEPLOYMENTS,
-        "pkobatch-controller",
+        "acme-pko-controller",
         {"status": {"replicas": 1, "readyReplicas": 1}},
         namespace,
         subresource="status",
@@ -873,6 +880,7 @@ def test_check_passes_a_ready_controller_without_leader_election(
     checks = checks_of(result)
     assert result.exit_code == 0, result.output
     assert checks["controller deployment"]["result"] == "ok"
+    assert checks["controller deployment"]["detail"].startswith(f"{namespace}/acme-pko-controller:")
     assert checks["controller leader"] == {
         "check": "controller leader",
         "result": "ok",
@@ -943,16 +951,21 @@ def test_connection_options_impersonate_and_replace_server_and_token(
 def test_logs_of_the_controller_pods(
     cli: Callable[..., Result], kube: Kube, namespace: str, python_job: Callable[..., JSON]
 ) -> None:
-    """Pods labelled as deploy/ labels the controller (and a shard); a run's pod is not."""
-    for name, component in (("main", "controller"), ("shard", "controller-shard")):
+    """Pods labelled as deploy/ labels the controller (and a shard); a run's pod and another
+    application's controller pod are not."""
+    for name, part_of, component in (
+        ("main", "pkobatch", "controller"),
+        ("shard", "pkobatch", "controller-shard"),
+        ("other", "other-app", "controller"),
+    ):
         body = python_job(
             name, f"print('{name} one'); print('{name} two')", container={"name": "controller"}
         )
-        labels = {"app.kubernetes.io/name": "pkobatch", "app.kubernetes.io/component": component}
+        labels = {"app.kubernetes.io/part-of": part_of, "app.kubernetes.io/component": component}
         body["spec"]["template"]["metadata"] = {"labels": labels}
         kube.create(JOBS, body, namespace)
     run_job(kube, python_job, namespace, "web-up-1", "web", "up", "print('a run')")
-    for job in ("main", "shard", "web-up-1"):
+    for job in ("main", "shard", "other", "web-up-1"):
         finished(kube, namespace, job)
 
     everything = cli("logs", "--controller", "--controller-namespace", namespace)
@@ -976,7 +989,7 @@ def test_logs_of_the_controller_pods(
 
 
 def test_version(cli: Callable[..., Result], kube: Kube, namespace: str) -> None:
-    _deployment(kube, namespace)
+    _deployment(kube, namespace, "acme-pko-controller")
     result_configmap(kube, namespace, "web-up-1", "web", pulumiVersion="3.259.0")
 
     result = cli("version", "--controller-namespace", namespace, "-o", "json")
@@ -985,7 +998,10 @@ def test_version(cli: Callable[..., Result], kube: Kube, namespace: str) -> None
     versions = json.loads(result.stdout)
     assert versions["cli"]["version"] == __version__
     assert versions["kubernetes"]["version"].startswith("v1.")
-    assert versions["controller"]["version"] == "9.8.7"
+    assert versions["controller"] == {
+        "version": "9.8.7",
+        "detail": f"Deployment {namespace}/acme-pko-controller runs pkobatch/runner:9.8.7",
+    }
     assert versions["crd"] == {"version": "v1, v1alpha1", "detail": "matches this CLI"}
     assert versions["pulumi"] == {"version": "3.259.0", "detail": "used by run web-up-1"}
 

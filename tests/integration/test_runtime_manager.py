@@ -5,6 +5,7 @@ enqueuer; graceful shutdown lets an in-flight reconcile finish."""
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 import urllib.error
@@ -231,6 +232,20 @@ def test_endpoints_report_health_readiness_and_metrics(
     assert f'rest_client_requests_total{{code="200",host="{host}",method="GET"}}' in text
     assert "workqueue_depth" in text and "workqueue_longest_running_processor_seconds" in text
     assert get(f"{metrics}/nothing")[0] == 404
+    # As Prometheus asks: OpenMetrics, gzipped.
+    request = urllib.request.Request(
+        f"{metrics}/metrics",
+        headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "Accept-Encoding": "gzip",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text;")
+        openmetrics = gzip.decompress(response.read()).decode()
+    assert openmetrics.endswith("# EOF\n")
+    assert f'controller_runtime_reconcile_total{{{controller},result="success"}}' in openmetrics
 
 
 def test_shutdown_finishes_in_flight_reconciles(kube: Kube, namespace: str) -> None:

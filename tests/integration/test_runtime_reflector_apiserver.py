@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pkobatch.api.constants import RESULT_KEY, STACK_LABEL
-from pkobatch.controller.cache import cache_result
+from pkobatch.controller.cache_transforms import cache_result
 from pkobatch.controller.stores import stack_name_of
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CONFIGMAPS, STACKS, Kube, WatchStream
@@ -150,7 +150,7 @@ def test_expired_watch_relists_and_reports_changes_missed_meanwhile(
         wait_until(lambda: reflector.lists == 2, timeout=60, what="re-list after 410")
         wait_until(lambda: changes.has("added", "new"), timeout=30, what="new Stack")
         assert changes.has("deleted", "goes")
-        assert sorted(k.name for k in store.list_keys()) == ["new", "stays"]
+        assert sorted(o["metadata"]["name"] for o in store.list_objects()) == ["new", "stays"]
         assert [name for kind, name in changes.seen if name == "stays"] == ["stays"], (
             "an unchanged Stack is not reported again after a re-list"
         )

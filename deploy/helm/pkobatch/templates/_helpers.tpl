@@ -1,4 +1,26 @@
 {{/*
+The chart's name: nameOverride, else pkobatch. The app.kubernetes.io/name of the controller's
+Deployments, pods and Services.
+*/}}
+{{- define "pkobatch.name" -}}
+{{ .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of the chart's own namespaced objects' names: fullnameOverride, else the name
+(pkobatch, so the Deployment is pkobatch-controller). Not the release name: the default
+names are those of deploy/kustomize. At most 40 characters, so that the Service
+<fullname>-controller-metrics stays a DNS label (63).
+*/}}
+{{- define "pkobatch.fullname" -}}
+{{- $fullname := .Values.fullnameOverride | default (include "pkobatch.name" .) }}
+{{- if gt (len $fullname) 40 }}
+{{- fail (printf "fullnameOverride (or nameOverride): %q is longer than 40 characters; <name>-controller-metrics must fit a 63-character Service name" $fullname) }}
+{{- end }}
+{{- $fullname }}
+{{- end }}
+
+{{/*
 Labels of every object: kustomize's app.kubernetes.io/part-of plus Helm's own.
 */}}
 {{- define "pkobatch.labels" -}}
@@ -10,16 +32,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
 {{/*
-The labels of a controller Deployment's pods, which its selector uses; the context is the
-shard's name ("" for the main controller). A shard's pods are component controller-shard,
-so no selector of the main controller matches them. Not app.kubernetes.io/managed-by:
-pkobatch, which marks run Jobs and pods.
+The labels of a controller Deployment's pods, which its selector uses; the context is
+(list $ shard): the root context and the shard's name ("" for the main controller). A
+shard's pods are component controller-shard, so no selector of the main controller matches
+them. Not app.kubernetes.io/managed-by: pkobatch, which marks run Jobs and pods.
 */}}
 {{- define "pkobatch.controllerLabels" -}}
-app.kubernetes.io/name: pkobatch
-{{- if . }}
+{{- $shard := index . 1 -}}
+app.kubernetes.io/name: {{ include "pkobatch.name" (index . 0) }}
+{{- if $shard }}
 app.kubernetes.io/component: controller-shard
-pkobatch.io/controller-shard: {{ . }}
+pkobatch.io/controller-shard: {{ $shard }}
 {{- else }}
 app.kubernetes.io/component: controller
 {{- end }}
@@ -60,4 +83,11 @@ Namespaces that get the runner ServiceAccount and RoleBinding.
 
 {{- define "pkobatch.roleKind" -}}
 {{- if eq .Values.rbac.scope "namespace" }}Role{{ else }}ClusterRole{{ end }}
+{{- end }}
+
+{{/*
+The controller's ServiceAccount: serviceAccount.name, else <fullname>-controller.
+*/}}
+{{- define "pkobatch.serviceAccountName" -}}
+{{ .Values.serviceAccount.name | default (printf "%s-controller" (include "pkobatch.fullname" .)) }}
 {{- end }}
