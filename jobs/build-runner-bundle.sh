@@ -42,6 +42,10 @@ if ! "$PY" -c 'import PyInstaller' 2>/dev/null; then
   echo "build-runner-bundle.sh: PyInstaller is not installed for $PY (pip install -e '.[dev]')" >&2
   exit 1
 fi
+if ! "$PY" -c 'import pulumi' 2>/dev/null; then
+  echo "build-runner-bundle.sh: the Pulumi SDK is not installed for $PY (pip install -e '.[runner,bundle]')" >&2
+  exit 1
+fi
 command -v objdump >/dev/null || { echo "build-runner-bundle.sh: PyInstaller needs objdump (apt-get install binutils)" >&2; exit 1; }
 command -v gcc >/dev/null || { echo "build-runner-bundle.sh: the launcher needs gcc and libc6-dev (apt-get install gcc libc6-dev)" >&2; exit 1; }
 

@@ -21,8 +21,8 @@ from collections.abc import MutableMapping
 import click
 
 from pkobatch import __version__
-from pkobatch.cli.job_command import job_group
 from pkobatch.cli.local_run import run_command
+from pkobatch.runner.command import job_group
 
 IMAGE_LIBRARY_PATH = "PKOBATCH_IMAGE_LD_LIBRARY_PATH"
 

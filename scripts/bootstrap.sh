@@ -5,8 +5,12 @@
 #   scripts/bootstrap.sh                      everything the tests need (also buildah and
 #                                             mmdebstrap, which build the images)
 #   scripts/bootstrap.sh etcd kubernetes ...  only the named scripts/tools.sh components
+#   scripts/bootstrap.sh --image-builder etcd ...   and buildah and mmdebstrap
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+image_builder=$([ $# -eq 0 ] && echo yes || echo no)
+if [ "${1:-}" = --image-builder ]; then image_builder=yes; shift; fi
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
@@ -26,9 +30,9 @@ command -v runc >/dev/null || missing+=(runc)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
-# The tests' own images (tests/node, pkobatch/dev/images.py): only for the whole test setup,
-# not for the demo, which names its components.
-if [ $# -eq 0 ]; then
+# pkobatch's images (tests/node, pkobatch/dev/images.py): for the whole test setup and the
+# real-node demo, not for the default demo.
+if [ "$image_builder" = yes ]; then
   for tool in buildah mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 fi
 if [ ${#missing[@]} -gt 0 ]; then

@@ -6,10 +6,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/bootstrap.sh
 # helm, promtool and the Prometheus Operator's CRDs, for the tests of deploy/, Flux's
 # source-controller, for the tests of spec.fluxSource, Argo CD's health check and kstatus,
-# for the GitOps health tests, and the real node (kubelet, kube-proxy, kube-scheduler, pause,
-# containerd, the CNI plugins, crictl), for tests/node, and an older Pulumi CLI, for the
-# PulumiVersionTooLow test (cached by version).
-bash scripts/tools.sh helm promtool prometheus_operator source_controller argocd_health kstatus node containerd cni_plugins crictl pulumi_old
+# for the GitOps health tests, an OCI registry, for the chart installed from one, the real
+# node (kubelet, kube-proxy, kube-scheduler, pause, containerd, the CNI plugins, crictl),
+# for tests/node, and two older Pulumi CLIs, for the
+# PulumiVersionTooLow test and config on a CLI between it and today's (cached by version).
+bash scripts/tools.sh helm promtool prometheus_operator source_controller argocd_health kstatus registry node containerd cni_plugins crictl pulumi_old pulumi_mid
 
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" >&2

@@ -2,8 +2,9 @@
 # Build the real components pkobatch's tests run against (etcd, kube-apiserver,
 # kube-controller-manager, the Pulumi CLI and Python language host, the YAML language host,
 # an older Pulumi CLI, the Kubernetes provider, helm, promtool, the Prometheus Operator's
-# CRDs, Argo CD's health check for Stacks, kstatus, and the real node: kubelet, kube-proxy,
-# kube-scheduler, kubectl, pause, containerd, the CNI plugins, crictl) from the Go module
+# CRDs, Argo CD's health check for Stacks, kstatus, an OCI registry (distribution), and the
+# real node: kubelet, kube-proxy, kube-scheduler, kubectl, pause, containerd, the CNI
+# plugins, crictl) from the Go module
 # proxy into a cache directory keyed by name and version. Idempotent: a component whose stamp file exists is reused. Versions are pinned in
 # pkobatch/dev/versions.env.
 #
@@ -11,10 +12,11 @@
 #   scripts/tools.sh yaml kubernetes_provider
 #                             build only the named components (etcd kubernetes pulumi yaml
 #                             kubernetes_provider helm promtool prometheus_operator
-#                             source_controller argocd_health kstatus node containerd
-#                             cni_plugins crictl pulumi_old); the last eleven are built only
-#                             when named: the tests of deploy/, fluxSource, GitOps health,
-#                             the real node and the CLI version check need them
+#                             source_controller argocd_health kstatus registry node
+#                             containerd cni_plugins crictl pulumi_old pulumi_mid); the last
+#                             thirteen are built only when named: the tests of deploy/ (the
+#                             registry: the chart from OCI), fluxSource, GitOps health, the
+#                             real node and the CLI version check need them
 #                             (scripts/test.sh asks), the demo not
 #   PKOBATCH_TOOLS_DIR=...    cache root (default ~/.cache/pkobatch/tools)
 #   KUBEBUILDER_ASSETS=...    use etcd/kube-apiserver/kube-controller-manager from there
@@ -263,6 +265,10 @@ build_pulumi() { compile_pulumi_cli "$PULUMI_VERSION" pulumi python; }
 # An older CLI, first on the PATH of the e2e tests' runs that check PulumiVersionTooLow.
 build_pulumi_old() { compile_pulumi_cli "$PULUMI_OLD_VERSION" pulumi_old; }
 
+# A CLI between the structured-config minimum and PULUMI_VERSION, first on the PATH of the
+# test runs that set config on a CLI older than today's.
+build_pulumi_mid() { compile_pulumi_cli "$PULUMI_MID_VERSION" pulumi_mid; }
+
 build_yaml() {
   local V=$PULUMI_YAML_VERSION out="$TOOLS/yaml-$PULUMI_YAML_VERSION"
   if [ -f "$out/.stamp" ]; then say "pulumi-language-yaml $V: cached in $out"; return; fi
@@ -450,10 +456,28 @@ build_kstatus() {
   say "kstatus (cli-utils $V): built in $out"
 }
 
+build_registry() {
+  local V=$DISTRIBUTION_VERSION out="$TOOLS/registry-$DISTRIBUTION_VERSION"
+  if [ -f "$out/.stamp" ]; then say "registry (distribution $V): cached in $out"; return; fi
+  local w; w=$(mktemp -d); cd "$w"
+    step="registry: resolve modules"; say "registry: resolving github.com/distribution/distribution/v3@$V"
+    go mod init pkobatch-tools/registry >/dev/null 2>&1
+    go get -tool "github.com/distribution/distribution/v3/cmd/registry@$V"
+    step="registry: build"; say "registry $V: building"
+    mkdir -p "$out.tmp"
+    go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=$V" \
+      -o "$out.tmp/registry" github.com/distribution/distribution/v3/cmd/registry
+  cd "$here"; rm -rf "$w"
+  step="registry: verify"; "$out.tmp/registry" --version >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.stamp"
+  say "registry (distribution $V): built in $out"
+}
+
 want=${*:-etcd kubernetes pulumi yaml kubernetes_provider}
 start=$(date +%s)
 for t in $want; do
-  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus node containerd cni_plugins crictl pulumi_old)" >&2; exit 2; }
+  declare -F "build_$t" >/dev/null || { echo "tools.sh: unknown component '$t' (etcd kubernetes pulumi yaml kubernetes_provider helm promtool prometheus_operator source_controller argocd_health kstatus registry node containerd cni_plugins crictl pulumi_old pulumi_mid)" >&2; exit 2; }
   "build_$t"
 done
 step=""

@@ -23,8 +23,9 @@ its fixtures and what they give; ``pytest --fixtures`` shows where each is defin
                                 (locally) saying how to install the builder
 ``fixture_plugins/tools.py``    ``pulumi_bin``, ``yaml_host``, ``kubernetes_provider``,
                                 ``all_tools``, ``health_tools``, ``helm_bin``, ``promtool_bin``,
-                                ``prometheus_operator_crds``: built binaries, or fail (CI) /
-                                skip (locally) saying how to build them
+                                ``prometheus_operator_crds``, ``registry_bin``: built
+                                binaries, or fail (CI) / skip (locally) saying how to
+                                build them
 ``sentinels.py``                ``sentinel_session`` (autouse): the secret-leak scan
 
 Tier fixtures: ``tests/integration/conftest.py`` (Jobs), ``tests/node/conftest.py`` (pods
@@ -42,11 +43,12 @@ pytest_plugins = [
     "sentinels",
     "fixture_plugins.tools",
     "fixture_plugins.cluster",
+    # Before node_images, which imports it.
+    "fixture_plugins.images",
     "fixture_plugins.node_images",
     "fixture_plugins.git",
     "fixture_plugins.pulumi",
     "fixture_plugins.receivers",
-    "fixture_plugins.images",
 ]
 
 TESTS = Path(__file__).resolve().parent

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from pkobatch.api.constants import FIELD_MANAGER_CLI, RECONCILE_REQUEST_ANNOTATION, STACK_LABEL
+from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (
@@ -371,6 +372,27 @@ def ready(stack: JSON) -> bool:
     )
 
 
+def wait_version_too_low(kube: Kube, namespace: str, name: str, cli_version: str) -> JSON:
+    """The Stack once stalled as PKO stalls a run whose Pulumi CLI (``cli_version``, without
+    "v") is older than structured config needs, checking PKO's reason and message."""
+    stalled = wait_stack(
+        kube,
+        namespace,
+        name,
+        lambda s: condition(s, "Stalled").get("status") == "True",
+        timeout=600,
+    )
+    assert condition(stalled, "Stalled")["reason"] == "PulumiVersionTooLow"
+    message = condition(stalled, "Stalled")["message"]
+    expected = (
+        f"Pulumi CLI version v{cli_version} does not support JSON configuration, "
+        "require >= v3.202.0"
+    )
+    assert expected in message, message
+    assert last_update(stalled)["reason"] == "PulumiVersionTooLow"
+    return stalled
+
+
 def literal(value: str) -> JSON:
     return {"type": "Literal", "literal": {"value": value}}
 
@@ -406,6 +428,26 @@ def stack_spec(repo: Any, pulumi_env: Any, **extra: Any) -> JSON:
     }
 
 
+def pulumi_env_writer(image: str, secret_name: str, **extra: Any) -> JSON:
+    """PKO's init container of its dynamic-environment test manifest: it appends
+    ``PULUMI_CONFIG_PASSPHRASE`` (key ``passphrase`` of Secret ``secret_name``) to
+    ``$PULUMI_ENV`` on the ``share`` volume; ``extra`` adds container fields."""
+    from_secret = {"secretKeyRef": {"name": secret_name, "key": "passphrase"}}
+    return {
+        "name": "extra",
+        "image": image,
+        "command": [
+            "sh",
+            "-c",
+            'echo "PULUMI_CONFIG_PASSPHRASE=$FROM_VAULT" >> $PULUMI_ENV\n'
+            "echo 'Wrote dynamic environment variables'",
+        ],
+        "env": [{"name": "FROM_VAULT", "valueFrom": from_secret}],
+        "volumeMounts": [{"name": "share", "mountPath": "/share"}],
+        **extra,
+    }
+
+
 def create_secret(kube: Kube, namespace: str, name: str, data: Mapping[str, str]) -> None:
     """An Opaque Secret with ``data`` (plain strings, encoded here)."""
     kube.create(
@@ -437,9 +479,38 @@ def request_reconcile(kube: Kube, namespace: str, name: str, request: str) -> No
     )
 
 
+def seconds(timestamp: str) -> float:
+    """An API timestamp as seconds since the epoch."""
+    parsed = parse_time(timestamp)
+    assert parsed is not None, timestamp
+    return parsed.timestamp()
+
+
+def applied_at(stack: JSON) -> float:
+    """When ``apply_stack`` last applied ``stack``'s spec (the API server's record)."""
+    [entry] = [
+        m
+        for m in stack["metadata"]["managedFields"]
+        if m["manager"] == FIELD_MANAGER_CLI and not m.get("subresource")
+    ]
+    return seconds(entry["time"])
+
+
 def stack_jobs(kube: Kube, namespace: str, name: str) -> list[JSON]:
     jobs, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}={name}")
     return sorted(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
+
+
+def wait_other_job(kube: Kube, namespace: str, name: str, job: str, timeout: float = 300) -> JSON:
+    """The Stack's first Job not named ``job``, once there is one (the run replacing it)."""
+    others: list[JSON] = []
+
+    def found() -> bool:
+        others[:] = [j for j in stack_jobs(kube, namespace, name) if j["metadata"]["name"] != job]
+        return bool(others)
+
+    wait_until(found, timeout=timeout, what=f"a run of Stack {namespace}/{name} other than {job}")
+    return others[0]
 
 
 def last_update(stack: JSON) -> JSON:

@@ -5,6 +5,7 @@ ports)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,8 @@ def environment_pids(status: dict[str, Any]) -> list[int]:
     if controller and alive(controller):
         pids.append(controller)
     return pids
+
+
+def row(out: str, name: str, value: str) -> bool:
+    """A rich table row ``name │ value`` in a command's output."""
+    return re.search(rf"{re.escape(name)}\s*│\s*{re.escape(value)}\s*│", out) is not None

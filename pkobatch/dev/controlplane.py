@@ -56,6 +56,9 @@ CONTROLLERS: Final = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "namespace-controller",
+    # Fills the built-in view/edit/admin ClusterRoles from the roles labelled to aggregate
+    # into them, as in every real cluster (pkobatch-view and pkobatch-edit).
+    "clusterrole-aggregation-controller",
 )
 FIELD_MANAGER: Final = "pkobatch-dev"
 # Unused documentation address (RFC 5737) for hosts without a usable interface address.

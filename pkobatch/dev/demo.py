@@ -92,8 +92,8 @@ class Demo:
 
     # -- steps ----------------------------------------------------------------------------
 
-    def build_tools(self) -> None:
-        missing = missing_components(DEMO_COMPONENTS)
+    def build_tools(self, components: tuple[Component, ...] = DEMO_COMPONENTS) -> None:
+        missing = missing_components(components)
         if not missing:
             self.console.print("[green]✓[/] real components are built")
             return
@@ -154,15 +154,32 @@ class Demo:
 
     def apply_objects(self) -> None:
         kube = self._kube()
+        applied = []
+        for obj in self._objects():
+            resource = resource_for(obj["apiVersion"], obj["kind"])
+            namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+            kube.apply(resource, obj, field_manager=FIELD_MANAGER, namespace=namespace)
+            applied.append(f"{obj['kind']} {obj['metadata']['name']}")
+        self.console.print(f"[green]✓[/] applied {', '.join(applied)}")
+
+    def _objects(self) -> list[JSON]:
+        """What the demo applies: the runner's ClusterRole, then its namespace's objects."""
         root = repo_root()
         assert root is not None
-        runner = root / "deploy" / "kustomize"
+        clusterrole = root / "deploy" / "kustomize" / "base" / "runner-clusterrole.yaml"
+        return [yaml.safe_load(clusterrole.read_text()), *self._namespace_objects(), self._stack()]
+
+    def _namespace_objects(self) -> list[JSON]:
+        """The demo's namespace, its runner ServiceAccount bound to the runner's ClusterRole,
+        and the Secret holding the passphrase and the secret config value ``token``."""
+        root = repo_root()
+        assert root is not None
+        runner = root / "deploy" / "kustomize" / "runner"
         objects: list[JSON] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-            yaml.safe_load((runner / "base" / "runner-clusterrole.yaml").read_text()),
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
         ]
         for name in ("serviceaccount.yaml", "rolebinding.yaml"):
-            obj = yaml.safe_load((runner / "runner" / name).read_text())
+            obj = yaml.safe_load((runner / name).read_text())
             obj["metadata"]["namespace"] = NAMESPACE
             for subject in obj.get("subjects") or []:
                 subject["namespace"] = NAMESPACE
@@ -178,18 +195,9 @@ class Demo:
                 },
             }
         )
-        objects.append(self._stack())
-        for obj in objects:
-            resource = resource_for(obj["apiVersion"], obj["kind"])
-            namespace = obj["metadata"].get("namespace") if resource.namespaced else None
-            kube.apply(resource, obj, field_manager=FIELD_MANAGER, namespace=namespace)
-        self.console.print(
-            f"[green]✓[/] applied Stack {NAMESPACE}/{STACK}, its passphrase Secret and the "
-            "runner's RBAC"
-        )
+        return objects
 
     def _stack(self) -> JSON:
-        (self.work / "backend").mkdir(parents=True, exist_ok=True)
         secret = {"type": "Secret", "secret": {"name": "demo-secrets", "key": "passphrase"}}
         return {
             "apiVersion": "pulumi.com/v1",
@@ -197,11 +205,8 @@ class Demo:
             "metadata": {"name": STACK, "namespace": NAMESPACE},
             "spec": {
                 "stack": "dev",
-                "projectRepo": (self.work / "repo.git").as_uri(),
-                "branch": "main",
-                "backend": (self.work / "backend").as_uri(),
+                **self._source(),
                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": secret},
-                "config": {"directory": str(self.files_dir)},
                 "secretsRef": {
                     "token": {
                         "type": "Secret",
@@ -210,6 +215,17 @@ class Demo:
                 },
                 "destroyOnFinalize": True,
             },
+        }
+
+    def _source(self) -> JSON:
+        """The Stack's program, backend and config: the git repository, the ``file://``
+        backend and the files' directory, all on this host (the node agent runs the run here)."""
+        (self.work / "backend").mkdir(parents=True, exist_ok=True)
+        return {
+            "projectRepo": (self.work / "repo.git").as_uri(),
+            "branch": "main",
+            "backend": (self.work / "backend").as_uri(),
+            "config": {"directory": str(self.files_dir)},
         }
 
     def wait_for_up(self) -> None:
@@ -310,12 +326,7 @@ class Demo:
                         f"the dev environment stopped ({environment.get('state')}); see "
                         f"{self.root / 'supervisor.log'}"
                     )
-                controller = environment.get("controller") or {}
-                if controller.get("state") == "exited":
-                    raise DemoFailed(
-                        f"the controller exited with code {controller.get('exitCode')}; "
-                        f"see {controller.get('log')}"
-                    )
+                self._check_controller(environment)
                 if time.monotonic() > deadline:
                     current = current_update(stack.get("status"))
                     raise DemoFailed(
@@ -323,6 +334,15 @@ class Demo:
                         f"{self._where_to_look(current.get('name'))}"
                     )
                 time.sleep(0.5)
+
+    def _check_controller(self, environment: JSON) -> None:
+        """Raise ``DemoFailed`` when the controller the supervisor runs has exited."""
+        controller = environment.get("controller") or {}
+        if controller.get("state") == "exited":
+            raise DemoFailed(
+                f"the controller exited with code {controller.get('exitCode')}; "
+                f"see {controller.get('log')}"
+            )
 
     @staticmethod
     def _progress(what: str, stack: JSON, environment: JSON) -> Group:
@@ -376,8 +396,8 @@ class Demo:
             table.add_row("-", "(none)")
         self.console.print(table)
 
-    def run(self) -> None:
-        steps = (
+    def steps(self) -> tuple[Callable[[], None], ...]:
+        return (
             self.build_tools,
             self.start_environment,
             self.remove_previous_run,
@@ -387,8 +407,10 @@ class Demo:
             self.refresh,
             self.destroy,
         )
+
+    def run(self) -> None:
         try:
-            for step in steps:
+            for step in self.steps():
                 step()
         finally:
             if self.kube is not None:

@@ -68,6 +68,8 @@ BUILDER_PACKAGES: Final = ("buildah", "mmdebstrap")
 SUITE: Final = "bookworm"
 _BASE_REPOSITORY: Final = "localhost/pkobatch-base"
 _BUILD_REPOSITORY: Final = "localhost/pkobatch-build"
+# Another checkout's archive of a target is dropped once unused this long (seconds).
+_ARCHIVES_KEPT_UNUSED: Final = 6 * 3600
 # Debian's own images leave out the docs and keep no apt caches (their docker-clean); so do
 # the stand-ins, which otherwise carry 80 MB of caches into every image that runs apt-get.
 _DEBIAN_IMAGE_OPTIONS: Final = (
@@ -257,6 +259,7 @@ class BaseRecipe:
     this machine, and the image configuration."""
 
     build_arg: str
+    """The jobs/Dockerfile build argument it stands in for ("" for a test's own image)."""
     name: str
     variant: str
     packages: tuple[str, ...]
@@ -417,9 +420,9 @@ class HostSources:
         return cls(apt_sources(), tuple(_ca_certificates()), _pip_config())
 
 
-def _base_tag(recipe: BaseRecipe, host: HostSources) -> str:
+def _base_key(recipe: BaseRecipe, host: HostSources) -> str:
     tool_dirs = [find_tools(recipe.tools).bin_dir(c) for c in recipe.tools]
-    key = _digest(
+    return _digest(
         repr(recipe),
         SUITE,
         *_DEBIAN_IMAGE_OPTIONS,
@@ -428,7 +431,10 @@ def _base_tag(recipe: BaseRecipe, host: HostSources) -> str:
         host.pip_conf if recipe.host_sources else "",
         *(_hash_tree([d], d.parent) for d in tool_dirs),
     )
-    return f"{_BASE_REPOSITORY}/{recipe.name}:{key}"
+
+
+def _base_tag(recipe: BaseRecipe, host: HostSources) -> str:
+    return f"{_BASE_REPOSITORY}/{recipe.name}:{_base_key(recipe, host)}"
 
 
 def _make_base(
@@ -436,6 +442,57 @@ def _make_base(
 ) -> None:
     """mmdebstrap the stand-in into a tarball, then commit it as ``tag`` in buildah's storage."""
     with tempfile.TemporaryDirectory(prefix=f"pkobatch-base-{recipe.name}-") as work_dir:
+        rootfs = Path(work_dir) / "rootfs.tar"
+        _debootstrap(recipe, host, rootfs, log)
+        container = builder.run("from", "scratch").strip()
+        try:
+            builder.run("add", container, str(rootfs), "/", log=log)
+            builder.run(
+                "config", "--env", f"PATH={DEFAULT_PATH}", *recipe.config, container, log=log
+            )
+            builder.run("commit", "--rm", container, tag, log=log)
+        except BaseException:
+            with contextlib.suppress(ImageBuildFailed):
+                builder.run("rm", container)
+            raise
+
+
+def debian_rootfs(recipe: BaseRecipe) -> Path:
+    """The root filesystem of ``recipe`` as a tarball (``images_root()/rootfs/<name>-<key>.tar``,
+    an image layer as it is), made with mmdebstrap unless it exists for the same inputs; its
+    other versions are dropped once unused as long as older archives are. Raises
+    ``BuilderMissing`` without mmdebstrap and ``ImageBuildFailed`` when it fails."""
+    if shutil.which("mmdebstrap") is None:
+        raise BuilderMissing(
+            "making a Debian root filesystem needs mmdebstrap: run "
+            "`apt-get install mmdebstrap` as root, or scripts/bootstrap.sh"
+        )
+    root = images_root()
+    host = HostSources.of_this_machine()
+    rootfs = root / "rootfs" / f"{recipe.name}-{_base_key(recipe, host)}.tar"
+    # A lock of its own: the images' builds need not wait for it.
+    with _locked(rootfs.parent):
+        if not rootfs.is_file():
+            (root / "logs").mkdir(exist_ok=True)
+            partial = rootfs.with_suffix(".partial")
+            partial.unlink(missing_ok=True)  # a build that was killed
+            _debootstrap(recipe, host, partial, root / "logs" / f"rootfs-{recipe.name}.log")
+            partial.rename(rootfs)
+        os.utime(rootfs)  # in use: another checkout's call keeps it
+        versions = re.compile(rf"{re.escape(recipe.name)}-[0-9a-f]{{16}}\.tar")
+        for old in rootfs.parent.iterdir():
+            if (
+                versions.fullmatch(old.name)
+                and old != rootfs
+                and time.time() - old.stat().st_mtime > _ARCHIVES_KEPT_UNUSED
+            ):
+                old.unlink()
+    return rootfs
+
+
+def _debootstrap(recipe: BaseRecipe, host: HostSources, rootfs: Path, log: Path) -> None:
+    """mmdebstrap the recipe's root filesystem into the tarball ``rootfs``."""
+    with tempfile.TemporaryDirectory(prefix=f"pkobatch-rootfs-{recipe.name}-") as work_dir:
         work = Path(work_dir)
         hooks: list[str] = []
         if recipe.host_sources and host.certificates:
@@ -464,12 +521,12 @@ def _make_base(
         if host.apt:
             (work / "host.sources").write_text(host.apt)
             mirrors.append(str(work / "host.sources"))
-        rootfs = work / "rootfs.tar"
         _run(
             [
                 "mmdebstrap",
                 f"--variant={recipe.variant}",
-                f"--include={','.join(recipe.packages)}",
+                "--format=tar",
+                *([f"--include={','.join(recipe.packages)}"] if recipe.packages else []),
                 "--skip=output/dev",
                 *_DEBIAN_IMAGE_OPTIONS,
                 *(f"--{recipe.hook_stage}-hook={hook}" for hook in hooks),
@@ -480,17 +537,6 @@ def _make_base(
             log=log,
             step=f"mmdebstrap of the {recipe.name} base",
         )
-        container = builder.run("from", "scratch").strip()
-        try:
-            builder.run("add", container, str(rootfs), "/", log=log)
-            builder.run(
-                "config", "--env", f"PATH={DEFAULT_PATH}", *recipe.config, container, log=log
-            )
-            builder.run("commit", "--rm", container, tag, log=log)
-        except BaseException:
-            with contextlib.suppress(ImageBuildFailed):
-                builder.run("rm", container)
-            raise
 
 
 # -- Targets ---------------------------------------------------------------------------------
@@ -608,6 +654,8 @@ def _target(
         summary = archive.with_suffix(".json")
         if summary.is_file() and archive.is_file():
             recorded = json.loads(summary.read_text())
+            # Marks it as in use, so that another checkout's build does not forget it.
+            os.utime(archive)
             return BuiltImage(target, name, archive, archive.stat().st_size, recorded, 0.0, True)
         if say:
             say(f"building {target} ({name}) with buildah")
@@ -651,7 +699,8 @@ def _forget_stale(
 ) -> None:
     """Drop what the inputs of this call replaced: older versions of the bases it used, the
     build tags and their layers (the archives keep the images), older archives of its
-    targets."""
+    targets that nothing built or used for ``_ARCHIVES_KEPT_UNUSED`` (several checkouts of
+    the repository share the cache and each builds its own version)."""
     for tag in builder.images(_BASE_REPOSITORY):
         repository = tag.rpartition(":")[0]
         if tag not in bases and any(b.rpartition(":")[0] == repository for b in bases):
@@ -664,7 +713,11 @@ def _forget_stale(
             rf"{re.escape(image.target)}-[0-9a-f]{{16}}\.(tar|json|pushed|partial)"
         )
         for old in (root / "archives").iterdir():
-            if versions.fullmatch(old.name) and old.stem != image.archive.stem:
+            if (
+                versions.fullmatch(old.name)
+                and old.stem != image.archive.stem
+                and time.time() - old.stat().st_mtime > _ARCHIVES_KEPT_UNUSED
+            ):
                 old.unlink()
 
 
@@ -715,16 +768,25 @@ def image_config(path: Path) -> dict[str, object]:
         return config
 
 
-def unpacked_bytes(path: Path) -> int:
-    """The size of the image's files: every regular file of every layer, uncompressed."""
+def _layer_entries(path: Path) -> Iterator[tarfile.TarInfo]:
+    """Every entry of every layer of the image in the OCI archive ``path``, in order."""
     manifest = image_manifest(path)
-    total = 0
     with tarfile.open(path) as archive:
         for layer in manifest["layers"]:  # type: ignore[attr-defined]
             member = archive.extractfile("blobs/" + layer["digest"].replace(":", "/"))
             with tarfile.open(fileobj=member, mode="r|*") as files:
-                total += sum(entry.size for entry in files if entry.isreg())
-    return total
+                yield from files
+
+
+def unpacked_bytes(path: Path) -> int:
+    """The size of the image's files: every regular file of every layer, uncompressed."""
+    return sum(entry.size for entry in _layer_entries(path) if entry.isreg())
+
+
+def image_paths(path: Path) -> frozenset[str]:
+    """Every path any layer of the image holds, relative (``usr/bin/pulumi``)."""
+    names = (entry.name.removeprefix("./").rstrip("/") for entry in _layer_entries(path))
+    return frozenset(name for name in names if name not in ("", "."))
 
 
 # -- Command line ----------------------------------------------------------------------------

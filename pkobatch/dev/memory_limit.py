@@ -22,6 +22,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Final
 
+from pkobatch.runner.memory import oom_kill_count
+
 _V2_ROOT: Final = Path("/sys/fs/cgroup")
 _V1_ROOT: Final = Path("/sys/fs/cgroup/memory")
 _PARENT: Final = "pkobatch-dev"
@@ -103,14 +105,9 @@ class MemoryCgroup:
         """Whether the kernel has killed a process of this cgroup for lack of memory."""
         events = "memory.events" if self.version == 2 else "memory.oom_control"
         try:
-            text = (self.path / events).read_text()
+            return oom_kill_count((self.path / events).read_text()) > 0
         except OSError:
             return False
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value) > 0
-        return False
 
     def remove(self) -> None:
         """Remove the cgroup (its processes must have ended)."""

@@ -224,21 +224,30 @@ def _kill_shims(runtime_dir: Path) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
+def _groups_under(hierarchy: Path, name: str) -> list[Path]:
+    """Cgroup ``/name`` of ``hierarchy`` and every group below it, deepest first."""
+    top = hierarchy / name
+    if not top.is_dir():
+        return []
+    groups = sorted(
+        (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+    )
+    return [*groups, top]
+
+
+def _kill_group(group: Path) -> None:
+    for pid in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
 def _remove_cgroups(name: str, attempts: int = 50) -> None:
     """Kill every process in cgroup ``/name`` (and below) of each hierarchy and remove the
     groups, deepest first."""
     for hierarchy in _cgroup_hierarchies():
-        top = hierarchy / name
-        if not top.is_dir():
-            continue
-        groups = sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        )
-        for group in [*groups, top]:
+        for group in _groups_under(hierarchy, name):
             for _ in range(attempts):
-                for pid in (group / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
+                _kill_group(group)
                 try:
                     group.rmdir()
                     break
@@ -366,6 +375,22 @@ class RealNode:
         process groups of their own and keep the containers running meanwhile."""
         self._components.stop("kubelet")
         self._components.stop("containerd")
+        self._components.start_again("containerd", timeout=timeout)
+        self._components.start_again("kubelet", timeout=timeout)
+        processes.wait_until(
+            self._node_ready, timeout=timeout, what=f"Node {self.node_name} to be Ready again"
+        )
+
+    def crash_runtime(self, timeout: float = 180.0) -> None:
+        """What a reboot does to the node's runtime: stop the kubelet and containerd, kill
+        every shim and every process of the node's pods (SIGKILL), and start containerd and
+        the kubelet again; the pods' sandboxes and containers are gone."""
+        self._components.stop("kubelet")
+        self._components.stop("containerd")
+        _kill_shims(self.runtime_dir)
+        for hierarchy in _cgroup_hierarchies():
+            for group in _groups_under(hierarchy, self.cgroup_name):
+                _kill_group(group)
         self._components.start_again("containerd", timeout=timeout)
         self._components.start_again("kubelet", timeout=timeout)
         processes.wait_until(

@@ -53,6 +53,9 @@ What it does like a kubelet:
   deletion's grace period; it is reported Failed
   (so the Job controller can account for it and drop its tracking finalizer) and then
   deleted with grace 0, which removes the object;
+- when a container ends, every process left of it is SIGKILLed: its process tree (under its
+  reaper, ``pkobatch.dev.reaper``) and whatever left that tree — found by the pod's UID in
+  the environment (``POD_MARKER_VARIABLE``), which every process of the pod inherits;
 - ``stop()`` is a graceful node shutdown: processes get SIGTERM (at most ``shutdown_grace``
   seconds), their pods are reported Failed with a ``DisruptionTarget`` condition (reason
   ``TerminationByKubelet``) and pods being deleted are released, so nothing waits for a
@@ -116,6 +119,9 @@ _MESSAGE_BYTES: Final = 2048
 _MESSAGE_FILE_BYTES: Final = 4096
 # The API server's default terminationMessagePath.
 _TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+# Every process of a pod has it in its environment (the pod's UID): what ends with the pod
+# is found by it even after it left the container's process tree.
+POD_MARKER_VARIABLE: Final = "PKOBATCH_NODE_AGENT_POD_UID"
 _RETRY_CONFIG_SECONDS: Final = 2.0
 _TERMINAL: Final = ("Succeeded", "Failed")
 DEFAULT_NODE_NAME: Final = "pkobatch-dev"
@@ -434,6 +440,7 @@ class _PodWorker:
             for name, value in resolve_env(self.agent.kube, self.pod, container).items()
         }
         env = self.agent.base_env(self.pod_dir, self.name, container.get("image", ""))
+        env[POD_MARKER_VARIABLE] = self.uid
         token_file = self._write_service_account_kubeconfig()
         if token_file is not None:
             env["KUBECONFIG"] = str(token_file)
@@ -568,8 +575,11 @@ class _PodWorker:
                     break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.2)
-        # SIGKILL what is left, all descendants included, as when a container ends.
-        return processes.kill_tree(process)
+        # SIGKILL what is left, all descendants included, as when a container ends; and what
+        # left the tree when its reaper was killed (a setsid()'d provider, reparented to init).
+        code = processes.kill_tree(process)
+        processes.kill_marked(POD_MARKER_VARIABLE, self.uid)
+        return code
 
     def _in_reaper(self, argv: list[str], cgroup: MemoryCgroup | None = None) -> list[str]:
         """``argv`` under ``pkobatch.dev.reaper``: the container's whole process tree ends

@@ -1,13 +1,14 @@
 """Small container images written directly, for the real node (no registry is reachable):
 OCI image archives of one layer, written byte for byte reproducibly and cached by their
 inputs, which ``RealNode.import_image`` (``pkobatch.dev.node``) imports — the pod
-sandbox's ``pause`` image, and the tests' images of a few files.
+sandbox's ``pause`` image, and the tests' images of a few files, some on a root filesystem
+made elsewhere (``pkobatch.dev.images.debian_rootfs``) as a layer beneath.
 
 ``write_oci_archive`` writes an OCI image layout as a tar (``oci-layout``, ``index.json``,
 ``blobs/sha256/...``) whose manifest is annotated with the image's full name
-(``io.containerd.image.name``), which ``ctr images import`` names the image by. The layer is
-uncompressed and every entry has owner 0, mode as given and time 0, so the same inputs give
-the same digests.
+(``io.containerd.image.name``), which ``ctr images import`` names the image by. Its own
+layer is uncompressed and every entry has owner 0, mode as given and time 0, so the same
+inputs give the same digests.
 """
 
 from __future__ import annotations
@@ -109,11 +110,16 @@ def _canonical(document: dict[str, Any]) -> bytes:
 
 
 def write_oci_archive(
-    path: Path, name: str, entries: Sequence[LayerEntry], config: ImageConfig
+    path: Path,
+    name: str,
+    entries: Sequence[LayerEntry],
+    config: ImageConfig,
+    base_layers: Sequence[Path] = (),
 ) -> str:
-    """Write the image ``name`` of one layer made of ``entries`` to ``path`` (an OCI image
-    layout in a tar); the manifest's digest."""
-    layer = _layer(entries)
+    """Write the image ``name`` to ``path`` (an OCI image layout in a tar): the tarballs
+    ``base_layers`` as they are (a root filesystem made elsewhere), then one layer made of
+    ``entries``; the manifest's digest."""
+    layers = [*(base.read_bytes() for base in base_layers), _layer(entries)]
     image_config: dict[str, Any] = {
         "Env": list(config.env),
         "Entrypoint": list(config.entrypoint) or None,
@@ -127,7 +133,10 @@ def write_oci_archive(
             "architecture": go_arch(),
             "os": "linux",
             "config": {k: v for k, v in image_config.items() if v},
-            "rootfs": {"type": "layers", "diff_ids": [_descriptor("", layer)["digest"]]},
+            "rootfs": {
+                "type": "layers",
+                "diff_ids": [_descriptor("", layer)["digest"] for layer in layers],
+            },
             "history": [{"created_by": "pkobatch.dev.oci"}],
         }
     )
@@ -136,7 +145,7 @@ def write_oci_archive(
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
             "config": _descriptor(CONFIG_MEDIA_TYPE, config_blob),
-            "layers": [_descriptor(LAYER_MEDIA_TYPE, layer)],
+            "layers": [_descriptor(LAYER_MEDIA_TYPE, layer) for layer in layers],
         }
     )
     manifest = _descriptor(MANIFEST_MEDIA_TYPE, manifest_blob)
@@ -152,7 +161,7 @@ def write_oci_archive(
         "index.json": index,
         **{
             f"blobs/sha256/{hashlib.sha256(blob).hexdigest()}": blob
-            for blob in (layer, config_blob, manifest_blob)
+            for blob in (*layers, config_blob, manifest_blob)
         },
     }
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

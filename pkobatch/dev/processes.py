@@ -181,18 +181,47 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_descendants(pid: int, *, rounds: int = 50) -> None:
-    """SIGKILL every process below ``pid``, again until none is left (one may have forked
-    while the others were killed). Processes that called ``setsid()`` are found too: the
-    walk follows parents, not process groups."""
+def _kill_until_none(find: Callable[[], list[int]], rounds: int) -> None:
+    """SIGKILL what ``find`` lists, again until it lists nothing (one may have forked while
+    the others were killed)."""
     for _ in range(rounds):
-        found = descendants(pid)
+        found = find()
         if not found:
             return
-        for child in found:
+        for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+
+
+def kill_descendants(pid: int, *, rounds: int = 50) -> None:
+    """SIGKILL every process below ``pid``, until none is left. Processes that called
+    ``setsid()`` are found too: the walk follows parents, not process groups."""
+    _kill_until_none(lambda: descendants(pid), rounds)
+
+
+def marked(variable: str, value: str) -> list[int]:
+    """Every live process whose environment has ``variable=value``: children inherit it, so
+    it finds what left its tree (a process whose subreaper was killed is reparented to
+    init, out of reach of ``descendants``)."""
+    entry_bytes = f"{variable}={value}".encode()
+    found: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        if entry_bytes in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_marked(variable: str, value: str, *, rounds: int = 50) -> None:
+    """SIGKILL every process ``marked`` with ``variable=value``, until none is left."""
+    _kill_until_none(lambda: marked(variable, value), rounds)
 
 
 def kill_tree(process: subprocess.Popen[bytes]) -> int:

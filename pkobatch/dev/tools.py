@@ -27,11 +27,13 @@ Component = Literal[
     "source_controller",
     "argocd_health",
     "kstatus",
+    "registry",
     "node",
     "containerd",
     "cni_plugins",
     "crictl",
     "pulumi_old",
+    "pulumi_mid",
 ]
 COMPONENTS: Final[tuple[Component, ...]] = (
     "etcd",
@@ -49,17 +51,19 @@ ECOSYSTEM_TOOLS: Final[tuple[Component, ...]] = (
     "source_controller",
     "argocd_health",
     "kstatus",
+    "registry",
 )
 """Tools only some tests need (``deploy/``; Flux's source-controller for ``spec.fluxSource``;
-Argo CD's health check and kstatus for GitOps health); ``scripts/test.sh`` builds them, the
-demo does not."""
+Argo CD's health check and kstatus for GitOps health; an OCI registry for the chart pushed
+and installed as an OCI artefact); ``scripts/test.sh`` builds them, the demo does not."""
 NODE_TOOLS: Final[tuple[Component, ...]] = ("node", "containerd", "cni_plugins", "crictl")
 """The real node's components (``pkobatch.dev.node``; runc comes from the host):
 ``scripts/test.sh`` builds them, the demo does not."""
-VERSION_CHECK_TOOLS: Final[tuple[Component, ...]] = ("pulumi_old",)
-"""A Pulumi CLI older than ``config set-all --json``, which the end-to-end test of the
-``PulumiVersionTooLow`` check puts first on a run's ``PATH``: ``scripts/test.sh`` builds it,
-the demo does not."""
+VERSION_CHECK_TOOLS: Final[tuple[Component, ...]] = ("pulumi_old", "pulumi_mid")
+"""Older Pulumi CLIs the tests put first on a run's ``PATH``: one older than ``config set-all
+--json`` (the ``PulumiVersionTooLow`` check) and one between that flag and ``pulumi``'s
+version (config on an older CLI that has it): ``scripts/test.sh`` builds them, the demo
+does not."""
 _VERSION_KEYS: Final[dict[Component, str]] = {
     "etcd": "ETCD_VERSION",
     "kubernetes": "KUBERNETES_VERSION",
@@ -72,11 +76,13 @@ _VERSION_KEYS: Final[dict[Component, str]] = {
     "source_controller": "SOURCE_CONTROLLER_VERSION",
     "argocd_health": "ARGOCD_VERSION",
     "kstatus": "CLI_UTILS_VERSION",
+    "registry": "DISTRIBUTION_VERSION",
     "node": "KUBERNETES_VERSION",
     "containerd": "CONTAINERD_VERSION",
     "cni_plugins": "CNI_PLUGINS_VERSION",
     "crictl": "CRI_TOOLS_VERSION",
     "pulumi_old": "PULUMI_OLD_VERSION",
+    "pulumi_mid": "PULUMI_MID_VERSION",
 }
 _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "etcd": ("etcd",),
@@ -93,6 +99,8 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     # Argo CD's health checks are Lua files, not programs (see ARGOCD_STACK_HEALTH).
     "argocd_health": (),
     "kstatus": ("kstatus",),
+    # The CNCF distribution registry, serving the OCI artefacts `helm push` stores.
+    "registry": ("registry",),
     # The real node (pkobatch.dev.node): pause is the pod sandbox's process; kubectl goes
     # into the tests' images.
     "node": ("kubelet", "kube-proxy", "kube-scheduler", "kubectl", "pause"),
@@ -101,6 +109,8 @@ _BINARIES: Final[dict[Component, tuple[str, ...]]] = {
     "crictl": ("crictl",),
     # A Pulumi CLI older than `config set-all --json`, for the PulumiVersionTooLow tests.
     "pulumi_old": ("pulumi",),
+    # The first CLI the module proxy serves with `config set-all --json`.
+    "pulumi_mid": ("pulumi",),
 }
 ARGOCD_STACK_HEALTH: Final = Path("pulumi.com", "Stack", "health.lua")
 """Argo CD's built-in health check for Stacks, inside the ``argocd_health`` directory."""
@@ -148,11 +158,13 @@ class Tools:
     source_controller: Path | None = None
     argocd_health: Path | None = None
     kstatus: Path | None = None
+    registry: Path | None = None
     node: Path | None = None
     containerd: Path | None = None
     cni_plugins: Path | None = None
     crictl: Path | None = None
     pulumi_old: Path | None = None
+    pulumi_mid: Path | None = None
 
     def bin_dir(self, component: Component) -> Path:
         found: Path | None = getattr(self, component)

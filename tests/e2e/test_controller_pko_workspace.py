@@ -11,7 +11,10 @@ its own RBAC, the real runner and Pulumi CLI.
   runner image is that image runs them there (the runner itself, not an injected bundle:
   only the CLI matters here). Structured config stalls the Stack as ``PulumiVersionTooLow``
   after exactly one run, with PKO's minimum v3.202.0 in the message; string config reaches
-  Ready, deployed by the old CLI.
+  Ready, deployed by the old CLI;
+- a CLI between that minimum and today's (``scripts/tools.sh pulumi_mid``, v3.203.0, the first
+  the module proxy serves with ``--json``), first on the PATH of ``cluster.pulumi_mid_image``
+  pods: string config reaches Ready, deployed by that CLI, and so does structured config.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ from controller_harness import (
     condition,
     create_secret,
     last_update,
+    pulumi_env_writer,
     ready,
     stack_jobs,
     stack_spec,
     wait_stack,
+    wait_version_too_low,
 )
 from sentinels import plant
 
-from pkobatch.controller.jobs import CONTAINER_NAME
+from pkobatch.api.constants import RUN_CONTAINER_NAME
 from pkobatch.dev.tools import versions
 from pkobatch.kube.client import Kube
 
@@ -79,31 +84,7 @@ def test_an_init_container_writing_pulumi_env_gives_the_run_its_passphrase(
     del spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]  # only the dynamic environment has it
     spec["workspaceTemplate"] = {
         "spec": {
-            "podTemplate": {
-                "spec": {
-                    "initContainers": [
-                        {
-                            "name": "extra",
-                            "image": "busybox",
-                            "command": [
-                                "sh",
-                                "-c",
-                                'echo "PULUMI_CONFIG_PASSPHRASE=$FROM_VAULT" >> $PULUMI_ENV\n'
-                                "echo 'Wrote dynamic environment variables'",
-                            ],
-                            "env": [
-                                {
-                                    "name": "FROM_VAULT",
-                                    "valueFrom": {
-                                        "secretKeyRef": {"name": "vault", "key": "passphrase"}
-                                    },
-                                }
-                            ],
-                            "volumeMounts": [{"name": "share", "mountPath": "/share"}],
-                        }
-                    ]
-                }
-            }
+            "podTemplate": {"spec": {"initContainers": [pulumi_env_writer("busybox", "vault")]}}
         }
     }
     apply_stack(kube, namespace, "dynamic-env", spec)
@@ -121,21 +102,33 @@ def test_an_init_container_writing_pulumi_env_gives_the_run_its_passphrase(
     assert "passphrase" in wrong.stderr.lower()
 
 
+def _runner_image_controller(
+    cluster: Any, namespace: str, directory: Path, image: str
+) -> Iterator[ControllerProcess]:
+    """The controller with ``image`` as its runner image."""
+    bind_runner(cluster.kube, namespace)
+    process = ControllerProcess(cluster, namespace, directory, env={"PKOBATCH_JOB__IMAGE": image})
+    process.start()
+    yield process
+    process.stop()
+
+
 @pytest.fixture
 def old_cli_controller(
     cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_old_bin: Path
 ) -> Iterator[ControllerProcess]:
-    """The controller with the old CLI's image as its runner image."""
-    bind_runner(cluster.kube, namespace)
-    process = ControllerProcess(
-        cluster,
-        namespace,
-        tmp_path / "controller",
-        env={"PKOBATCH_JOB__IMAGE": cluster.pulumi_old_image},
+    yield from _runner_image_controller(
+        cluster, namespace, tmp_path / "controller", cluster.pulumi_old_image
     )
-    process.start()
-    yield process
-    process.stop()
+
+
+@pytest.fixture
+def mid_cli_controller(
+    cluster: Any, namespace: str, tmp_path: Path, controller_rbac: None, pulumi_mid_bin: Path
+) -> Iterator[ControllerProcess]:
+    yield from _runner_image_controller(
+        cluster, namespace, tmp_path / "controller", cluster.pulumi_mid_image
+    )
 
 
 def _deployed_by(pulumi_env: Any) -> str:
@@ -144,6 +137,16 @@ def _deployed_by(pulumi_env: Any) -> str:
     assert exported.returncode == 0, exported.stderr[-2000:]
     version: str = json.loads(exported.stdout)["deployment"]["manifest"]["version"]
     return version
+
+
+def _first_on_path(cluster: Any, namespace: str) -> list[str]:
+    """The first PATH entry of each run container the node agent started in ``namespace``."""
+    launches = cluster.agent.launches(namespace)
+    return [
+        launch.path.split(os.pathsep)[0]
+        for launch in launches
+        if launch.container == RUN_CONTAINER_NAME
+    ]
 
 
 def test_an_old_cli_stalls_structured_config_after_one_run_and_runs_string_config(
@@ -163,26 +166,43 @@ def test_an_old_cli_stalls_structured_config_after_one_run_and_runs_string_confi
     structured["config"]["files"] = 1  # an integer: structured config
     apply_stack(kube, namespace, "structured", structured)
 
-    stalled = wait_stack(
-        kube,
-        namespace,
-        "structured",
-        lambda s: condition(s, "Stalled").get("status") == "True",
-        timeout=600,
-    )
-    assert condition(stalled, "Stalled")["reason"] == "PulumiVersionTooLow"
-    message = condition(stalled, "Stalled")["message"]
-    old = f"v{versions()['PULUMI_OLD_VERSION']}"
-    expected = f"Pulumi CLI version {old} does not support JSON configuration, require >= v3.202.0"
-    assert expected in message, message
-    assert last_update(stalled)["reason"] == "PulumiVersionTooLow"
+    old = versions()["PULUMI_OLD_VERSION"]
+    wait_version_too_low(kube, namespace, "structured", old)
     stack = wait_stack(kube, namespace, "strings", ready, timeout=600)
     assert last_update(stack)["state"] == "succeeded"
-    assert _deployed_by(pulumi_env) == old
+    assert _deployed_by(pulumi_env) == f"v{old}"
     # What the node agent started: every run with the old CLI first on PATH.
-    launches = cluster.agent.launches(namespace)
-    runs = [launch for launch in launches if launch.container == CONTAINER_NAME]
-    assert len(runs) == 2
-    assert {run.path.split(os.pathsep)[0] for run in runs} == {str(pulumi_old_bin)}
+    assert _first_on_path(cluster, namespace) == [str(pulumi_old_bin)] * 2
     old_cli_controller.caught_up()
     assert len(stack_jobs(kube, namespace, "structured")) == 1
+
+
+def test_a_cli_between_json_config_and_todays_runs_string_then_structured_config(
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    mid_cli_controller: ControllerProcess,
+    secrets: dict[str, Any],
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    pulumi_mid_bin: Path,
+) -> None:
+    mid = f"v{versions()['PULUMI_MID_VERSION']}"
+    spec = stack_spec(
+        git_repo(), pulumi_env, workspaceTemplate={"spec": {"image": cluster.pulumi_mid_image}}
+    )
+    apply_stack(kube, namespace, "app", spec)
+
+    stack = wait_stack(kube, namespace, "app", ready, timeout=600)
+    assert last_update(stack)["state"] == "succeeded"
+    assert _deployed_by(pulumi_env) == mid
+
+    # The same CLI is new enough for structured config: no PulumiVersionTooLow.
+    spec["config"]["files"] = 1
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(kube, namespace, "app", ready, timeout=600)
+    update = last_update(stack)
+    assert update["state"] == "succeeded" and update["generation"] == 2
+    assert condition(stack, "Stalled") == {}
+    assert _deployed_by(pulumi_env) == mid
+    assert _first_on_path(cluster, namespace) == [str(pulumi_mid_bin)] * 2

@@ -25,6 +25,7 @@ from controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     LOOPBACK_GIT_HOST,
     ControllerProcess,
+    applied_at,
     apply_stack,
     condition,
     grant_role,
@@ -32,10 +33,12 @@ from controller_harness import (
     literal,
     ready,
     request_reconcile,
+    seconds,
     set_passphrase,
     stack_jobs,
     stack_spec,
     wait_events,
+    wait_other_job,
     wait_stack,
 )
 from sentinels import plant
@@ -362,17 +365,12 @@ def test_a_fixed_spec_replaces_a_run_stuck_on_a_missing_secret_at_once(
         what="the run's pod stuck on the missing Secret",
     )
 
-    apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
+    fixed_at = applied_at(apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env)))
+    replacement = wait_other_job(kube, namespace, "app", stuck)
     # PKO's own test allows 30 s from the fix to the fixed spec's run (the start limit
     # that would otherwise end the stuck run is 5 minutes).
-    wait_until(
-        lambda: (
-            [j["metadata"]["name"] for j in stack_jobs(kube, namespace, "app")] != [stuck]
-            and all(j["metadata"]["name"] != stuck for j in stack_jobs(kube, namespace, "app"))
-        ),
-        timeout=30,
-        what="the fixed spec's run in place of the stuck one",
-    )
+    created = replacement["metadata"]["creationTimestamp"]
+    assert seconds(created) - fixed_at <= 30, (fixed_at, created)
     stack = wait_stack(kube, namespace, "app", ready, timeout=300)
     update = last_update(stack)
     assert update["state"] == "succeeded" and update["generation"] == 2
@@ -932,11 +930,67 @@ def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
         assert f"{holder['hostname']} (pid {holder['pid']})" in update["message"]
         assert lock.exists()
         assert laptop.poll() is None, "the live run was disturbed"
+        (conflict,) = wait_events(
+            kube, namespace, lambda e: e["reason"] == "StackUpdateConflictDetected", timeout=120
+        )
+        assert conflict["type"] == "Warning" and conflict["regarding"]["name"] == "app"
+        assert update["name"] in conflict["note"] and "locked" in conflict["note"]
         events, _ = kube.list_objects(EVENTS, namespace)
         assert not [e for e in events if e["reason"] == "StaleLockRemoved"]
+        assert not [e for e in events if e["reason"] == "StackUpdateFailure"]
     finally:
         laptop.terminate()
         laptop.wait(timeout=120)
+
+
+def test_refused_git_credentials_and_a_stack_that_cannot_be_selected_have_pkos_event_reasons(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    repo = git_repo()
+    # A pinned commit: no branch poll, so the run itself meets the git server's refusal.
+    bad_token = stack_spec(repo, pulumi_env, commit=repo.commit)
+    del bad_token["branch"]
+    bad_token["gitAuth"] = {"accessToken": literal("not-the-git-servers-token")}
+    apply_stack(kube, namespace, "bad-token", bad_token)
+    # useLocalStackOnly and a stack nobody created: selecting it fails.
+    apply_stack(
+        kube,
+        namespace,
+        "absent",
+        stack_spec(repo, pulumi_env, stack="nowhere", useLocalStackOnly=True),
+    )
+    expected = {
+        "bad-token": (
+            "StackGitAuthenticationFailure",
+            "gitAuthentication",
+            "Authentication failed",
+        ),
+        "absent": ("StackInitializationFailure", "stackInitialization", "does not exist"),
+    }
+    for name, (event_reason, failed_step, words) in expected.items():
+        stack = wait_stack(
+            kube, namespace, name, lambda s: last_update(s).get("state") == "failed", timeout=300
+        )
+        job = last_update(stack)["name"]
+        result = json.loads(kube.get(CONFIGMAPS, job, namespace)["data"]["result.json"])
+        assert result["failedStep"] == failed_step
+        assert words in result["message"]
+        (event, *_) = wait_events(
+            kube,
+            namespace,
+            lambda e, name=name, reason=event_reason: (
+                e["regarding"]["name"] == name and e["reason"] == reason
+            ),
+            timeout=120,
+        )
+        assert event["type"] == "Warning" and f"up {job} failed" in event["note"]
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert not [e for e in events if e["reason"] == "StackUpdateFailure"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from controller_harness import (
 )
 
 from pkobatch.api.constants import STACK_LABEL
-from pkobatch.controller.jobs import Run
+from pkobatch.api.run import Run
 from pkobatch.controller.stores import flux_source_resource
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import (
@@ -141,6 +141,7 @@ def test_github_app_clones_through_the_token_exchange_and_never_shows_a_credenti
         result_name = last_update(stack)["name"]
         result = json.loads(kube.get(CONFIGMAPS, result_name, namespace)["data"]["result.json"])
         assert result["reason"] == "SourceUnavailable"
+        assert result["failedStep"] == "gitAuthentication"
         seen = everything_in(kube, cluster, namespace, controller)
     finally:
         controller.stop()

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch
+from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch, row
 
 from pkobatch.dev.processes import wait_until
 
@@ -27,11 +26,6 @@ def state(tmp_path: Path, all_tools: Any) -> Iterator[Path]:
 
 def status_of(state: Path) -> dict[str, Any]:
     return dict(json.loads((state / "status.json").read_text()))
-
-
-def row(out: str, name: str, value: str) -> bool:
-    """A rich table row ``name │ value``."""
-    return re.search(rf"{re.escape(name)}\s*│\s*{re.escape(value)}\s*│", out) is not None
 
 
 def assert_the_demo_ran(result: Any, state: Path) -> None:

@@ -32,7 +32,8 @@ from controller_harness import (
 )
 
 from pkobatch.api.constants import STACK_LABEL
-from pkobatch.dev.processes import wait_until
+from pkobatch.dev.node_agent import POD_MARKER_VARIABLE
+from pkobatch.dev.processes import marked, wait_until
 from pkobatch.kube.client import CONFIGMAPS, CORE_EVENTS, JOBS, PODS, STACKS, Kube
 
 # Longer than any wait below, so a wait's own error (which Stacks, in which state) is reported.
@@ -204,6 +205,9 @@ def test_runner_sigkill_mid_update_ends_ready_after_the_retry_clears_its_lock(
     assert last_update(stack)["state"] == "failed"
     assert f"run {first} failed without a result" in last_update(stack)["message"]
     stack = wait_settled(kube, namespace, ["app"])["app"]
+    # Nothing of the killed container outlives it, not even its Pulumi provider, which had
+    # left the container's process tree (setsid) and was reparented to init with its reaper.
+    assert marked(POD_MARKER_VARIABLE, pods[0]["metadata"]["uid"]) == []
     # The killed update left its lock; the retry removes it (its Job is finished) and runs.
     assert ready(stack), last_update(stack)
     assert pulumi_locks(pulumi_env) == []

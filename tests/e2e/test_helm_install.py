@@ -1,6 +1,9 @@
-"""The Helm chart on a fresh local control plane, with the real ``helm``: install, a Stack to
-Ready, every metric the alerts and the dashboard name exported, upgrade with a run in
-flight, uninstall.
+"""The Helm chart on a fresh local control plane, with the real ``helm``: install of the
+packaged chart (``helm package``, the ``.tgz`` a release publishes), a Stack to Ready, every
+metric the alerts and the dashboard name exported, upgrade with a run in flight, uninstall;
+a namespaced release installed from the chart's directory; and the chart pushed to a real
+OCI registry (distribution's ``registry`` on loopback, ``helm push``) and installed from it,
+as users install what the release workflow pushes.
 
 The chart's Deployment cannot start a pod here (there is no container runtime, and no
 ReplicaSet controller), so the test runs what that pod would run, taken from the release's
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,11 +44,21 @@ from controller_harness import (
     stack_spec,
     wait_stack,
 )
-from deploy_render import CHART, CI_VALUES, KUBECTL, KUSTOMIZE, REPO, helm
+from deploy_render import (
+    CHART,
+    CI_VALUES,
+    KUBECTL,
+    KUSTOMIZE,
+    REPO,
+    assert_same_objects,
+    helm,
+    rendered,
+)
 from promql_names import metric_names
 
+from pkobatch import __version__
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND
-from pkobatch.dev.processes import wait_until
+from pkobatch.dev.processes import spawn, stop, wait_until
 from pkobatch.kube.client import (
     CLUSTERROLES,
     CRDS,
@@ -238,8 +252,14 @@ def test_helm_lifecycle_install_reconcile_upgrade_uninstall(
     git_server: Any,
     pulumi_env: Any,
     pulumi_bin: Path,
+    tmp_path: Path,
 ) -> None:
     kube = fresh_cluster.kube
+    # What the release workflow publishes: the package holds copies of everything the
+    # chart reads, so it installs with nothing of the checkout beside it.
+    helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path / "dist"))
+    (package,) = (tmp_path / "dist").glob("pkobatch-*.tgz")
+    assert package.name == f"pkobatch-{__version__}.tgz"
     assert kube.get_or_none(CRDS, "stacks.pulumi.com") is None, "the cluster is not fresh"
     kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT}})
     create_secrets(kube, TENANT, git_server, pulumi_env)
@@ -251,7 +271,7 @@ def test_helm_lifecycle_install_reconcile_upgrade_uninstall(
         helm_bin,
         "install",
         RELEASE,
-        str(CHART),
+        str(package),
         "--create-namespace",
         *install_values(**ports),
     )
@@ -298,7 +318,7 @@ def test_helm_lifecycle_install_reconcile_upgrade_uninstall(
         helm_bin,
         "upgrade",
         RELEASE,
-        str(CHART),
+        str(package),
         *install_values(log_level="debug", **ports),
     )
     deployment = kube.get(DEPLOYMENTS, "pkobatch-controller", RELEASE_NAMESPACE)
@@ -386,3 +406,91 @@ def test_namespaced_release_runs_its_namespaces_stacks_with_roles_only(
     finally:
         controller.stop()
         helm_on(fresh_cluster, helm_bin, "uninstall", RELEASE, namespace=namespace)
+
+
+@pytest.fixture
+def oci_registry(registry_bin: Path, tmp_path: Path) -> Iterator[str]:
+    """``127.0.0.1:<port>`` of a real OCI registry (plain HTTP, no auth) storing in tmp_path,
+    on a port the kernel chose: the registry logs the address it listens on."""
+    config = tmp_path / "registry" / "config.yml"
+    config.parent.mkdir()
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "info"},
+                "storage": {"filesystem": {"rootdirectory": str(tmp_path / "registry" / "data")}},
+                "http": {"addr": "127.0.0.1:0"},
+            }
+        )
+    )
+    log = tmp_path / "registry" / "registry.log"
+    # No trace exporter: its default (OTLP) would send spans to localhost:4318.
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+    server = spawn([str(registry_bin), "serve", str(config)], log=log, env=env)
+    listening: list[str] = []
+
+    def serving() -> bool:
+        if server.poll() is not None:
+            raise AssertionError(f"the registry exited:\n{log.read_text()[-3000:]}")
+        listening[:] = re.findall(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
+        return bool(listening)
+
+    try:
+        wait_until(serving, timeout=60, what="the OCI registry to listen")
+        yield listening[0]
+    finally:
+        stop(server)
+
+
+def test_chart_pushed_to_an_oci_registry_installs_the_kustomize_base(
+    fresh_cluster: Any, helm_bin: Path, oci_registry: str, tmp_path: Path
+) -> None:
+    """``helm package``, ``helm push`` to a registry and ``helm install`` from it, as
+    docs/install.md tells users: the objects installed (the release's manifest and the chart's
+    ``crds/``) are the kustomize base's, each is on the API server, and the chart pulled from
+    the registry renders exactly what the source directory renders."""
+    helm_env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
+    }
+    helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path / "dist"))
+    (package,) = (tmp_path / "dist").glob("pkobatch-*.tgz")
+    pushed = helm(
+        helm_bin, "push", str(package), f"oci://{oci_registry}/charts", "--plain-http", env=helm_env
+    )
+    assert f"Pushed: {oci_registry}/charts/pkobatch:{__version__}" in pushed.stderr + pushed.stdout
+    reference = f"oci://{oci_registry}/charts/pkobatch"
+    pull = ["--version", __version__, "--plain-http"]
+
+    helm_on(fresh_cluster, helm_bin, "install", RELEASE, reference, *pull, "--create-namespace")
+    try:
+        manifest = helm_on(fresh_cluster, helm_bin, "get", "manifest", RELEASE).stdout
+        # Helm applies crds/ untemplated and outside the release's manifest: the files of
+        # the chart as pulled from the registry. (`helm show crds` joins them without a
+        # document separator.)
+        pulled = tmp_path / "pulled"
+        helm(helm_bin, "pull", reference, *pull, "--untar", "--untardir", str(pulled), env=helm_env)
+        crds = [path.read_text() for path in sorted((pulled / "pkobatch" / "crds").glob("*.yaml"))]
+        installed = [o for o in yaml.safe_load_all("\n---\n".join([manifest, *crds])) if o]
+        assert_same_objects(rendered("base"), installed)
+        on_server = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(fresh_cluster.kubeconfig), "get", "-f", "-"],
+            input=yaml.safe_dump_all(installed),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert on_server.returncode == 0, f"installed objects missing:\n{on_server.stderr}"
+
+        args = ["--namespace", RELEASE_NAMESPACE, "--include-crds"]
+        args += ["--values", str(CI_VALUES / "monitoring-values.yaml")]
+        from_registry = helm(
+            helm_bin, "template", RELEASE, reference, *pull, *args, env=helm_env
+        ).stdout
+        from_directory = helm(helm_bin, "template", RELEASE, str(CHART), *args).stdout
+        assert from_registry == from_directory
+    finally:
+        helm_on(fresh_cluster, helm_bin, "uninstall", RELEASE)

@@ -29,7 +29,7 @@ from controller_harness import (
 
 from pkobatch.api.constants import STACK_LABEL
 from pkobatch.api.run import RunResult
-from pkobatch.controller.jobs import INJECTED_BUNDLE, INJECTED_RUNNER
+from pkobatch.controller.run_pod import INJECTED_BUNDLE, INJECTED_RUNNER
 from pkobatch.kube.client import JOBS, Kube
 from pkobatch.runner.embedded import fallback_env_name
 

@@ -27,7 +27,7 @@ import yaml
 from fixture_plugins.tools import in_ci
 
 from pkobatch.api.run import RunResult
-from pkobatch.controller.jobs import INJECTED_BUNDLE, INJECTED_RUNNER
+from pkobatch.controller.run_pod import INJECTED_BUNDLE, INJECTED_RUNNER
 
 pytestmark = pytest.mark.timeout(1800)
 PROGRAMS = Path(__file__).resolve().parents[1] / "fixtures" / "programs"

@@ -23,6 +23,7 @@ controller's pods as local processes, with ``crds/`` installed.
                                    the Pulumi bin dir on PATH but not this interpreter's
     cluster.pulumi_old_image str  an image whose pods get the old Pulumi CLI (``pulumi_old_bin``,
                                    when built) first on PATH, then the Pulumi bin dirs
+    cluster.pulumi_mid_image str  the same with the Pulumi CLI between the two (``pulumi_mid_bin``)
     cluster.service_account_kubeconfig(namespace, name, path) -> Path
                                    kubeconfig with a real TokenRequest token for that SA
     cluster.service_account_kube(namespace, name) -> Kube   (closed at session end)
@@ -87,6 +88,8 @@ RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
 PULUMI_IMAGE = "pulumi/pulumi:3.134.1-nonroot"
 # The image of PKO's PulumiVersionTooLow test: a CLI before `config set-all --json`.
 PULUMI_OLD_IMAGE = f"pulumi/pulumi:{versions()['PULUMI_OLD_VERSION']}-nonroot"
+# A CLI with `config set-all --json` but older than today's.
+PULUMI_MID_IMAGE = f"pulumi/pulumi:{versions()['PULUMI_MID_VERSION']}-nonroot"
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Cluster:
     _clients: list[Kube] = field(default_factory=list)
     pulumi_image: str = PULUMI_IMAGE
     pulumi_old_image: str = PULUMI_OLD_IMAGE
+    pulumi_mid_image: str = PULUMI_MID_IMAGE
     node: RealNode | None = None  # the real node (``node_cluster``)
 
     @property
@@ -228,10 +232,11 @@ def _cluster(
 ) -> Iterator[Cluster]:
     pulumi_path = tools.pulumi_path()
     image_paths = {PULUMI_IMAGE: pulumi_path}
-    pulumi_old = available_tools(VERSION_CHECK_TOOLS).pulumi_old
-    if pulumi_old is not None:
-        # Its own CLI first; the plugins (and the Python dynamic-provider host) from the rest.
-        image_paths[PULUMI_OLD_IMAGE] = [str(pulumi_old), *pulumi_path]
+    older = available_tools(VERSION_CHECK_TOOLS)
+    for image, cli in ((PULUMI_OLD_IMAGE, older.pulumi_old), (PULUMI_MID_IMAGE, older.pulumi_mid)):
+        if cli is not None:
+            # Its own CLI first; the plugins (and the Python dynamic-provider host) from the rest.
+            image_paths[image] = [str(cli), *pulumi_path]
     with dev_environment(
         state,
         tools,

@@ -11,6 +11,8 @@ Session scope
 
 ``pulumi_old_bin`` -> Path: the bin dir of an older Pulumi CLI (``PULUMI_OLD_VERSION``, before
 ``config set-all --json``); ``cluster.pulumi_old_image`` pods get it first on PATH.
+``pulumi_mid_bin`` -> Path: the same of the CLI between that flag and ``pulumi``
+(``PULUMI_MID_VERSION``); ``cluster.pulumi_mid_image`` pods get it first on PATH.
 
 ``health_tools`` -> ``Tools``: Argo CD's health check for Stacks and the kstatus program.
 
@@ -18,8 +20,9 @@ Session scope
 own environment with ``pkobatch dev``).
 
 ``helm_bin`` -> Path: the built ``helm``; ``promtool_bin`` -> Path: the built ``promtool``;
-``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files
-(``scripts/tools.sh helm promtool prometheus_operator``).
+``prometheus_operator_crds`` -> Path: the directory of the Prometheus Operator's CRD files;
+``registry_bin`` -> Path: the built OCI registry (distribution's ``registry``)
+(``scripts/tools.sh helm promtool prometheus_operator registry``).
 
 ``runner_bundle`` -> Path: the injected runner bundle directory (its launcher is
 ``pkobatch-runner`` in it) of the current sources, built by ``jobs/build-runner-bundle.sh``
@@ -65,6 +68,11 @@ def pulumi_old_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def pulumi_mid_bin() -> Path:
+    return require_tools(("pulumi_mid",)).bin_dir("pulumi_mid")
+
+
+@pytest.fixture(scope="session")
 def yaml_host(pulumi_bin: Path) -> Path:
     """The bin dir of ``pulumi-language-yaml`` (``pulumi_env`` puts it on PATH)."""
     return require_tools(("yaml",)).bin_dir("yaml")
@@ -97,6 +105,11 @@ def helm_bin() -> Path:
 @pytest.fixture(scope="session")
 def promtool_bin() -> Path:
     return Path(require_tools(("promtool",)).binary("promtool", "promtool"))
+
+
+@pytest.fixture(scope="session")
+def registry_bin() -> Path:
+    return Path(require_tools(("registry",)).binary("registry", "registry"))
 
 
 @pytest.fixture(scope="session")

@@ -3,20 +3,39 @@ its images: tests/fixture_plugins/node_images.py).
 
 ``wait_pod(namespace, name, done, timeout=300)`` -> the pod on ``node_cluster`` once
 ``done(pod)`` is true.
+
+``node_controller`` -> ``ControllerProcess`` (tests/controller_harness.py): the controller
+as a host process for the test's namespace, its injected runs copying the runner bundle from
+``runner_bundle_image``, with the runner's RBAC and the Secret ``pulumi`` (``PASSPHRASE``)
+that ``yaml_stack`` (fixture_plugins/node_images.py) refers to.
+
+``state_volume`` -> the pod volume of a PersistentVolumeClaim ``state`` bound to a hostPath
+PersistentVolume at ``tmp_path/state`` (writable by the run's user), where a ``file://``
+backend outlives the run's pod; the PersistentVolume is deleted after the test.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from controller_harness import (
+    ControllerProcess,
+    bind_runner,
+    create_secret,
+    install_controller_rbac,
+)
 from fixture_plugins.cluster import Cluster
+from fixture_plugins.node_images import PASSPHRASE, RUNNER_BUNDLE_PATH
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import PODS, Kube
+from pkobatch.kube.client import PODS, Kube, Resource
 
 JSON = dict[str, Any]
+PERSISTENTVOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
+PERSISTENTVOLUMECLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 
 
 @pytest.fixture
@@ -35,3 +54,83 @@ def wait_pod(node_cluster: Cluster) -> Callable[..., JSON]:
         return found[0]
 
     return wait
+
+
+@pytest.fixture
+def node_controller(
+    node_cluster: Cluster,
+    node_namespace: str,
+    tmp_path: Path,
+    pulumi_yaml_image: str,
+    runner_bundle_image: str,
+) -> Iterator[ControllerProcess]:
+    """The controller for the test's namespace, its injected runs using the test images."""
+    kube = node_cluster.kube
+    install_controller_rbac(kube)
+    bind_runner(kube, node_namespace)
+    create_secret(kube, node_namespace, "pulumi", {"passphrase": PASSPHRASE})
+    process = ControllerProcess(
+        node_cluster,
+        node_namespace,
+        tmp_path / "controller",
+        env={
+            "PKOBATCH_JOB__BUNDLE_IMAGE": runner_bundle_image,
+            "PKOBATCH_JOB__RUNNER_BUNDLE": RUNNER_BUNDLE_PATH,
+            "PKOBATCH_JOB__IMAGE_PULL_POLICY": "Never",
+            "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "5s",
+        },
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def state_volume(node_cluster: Cluster, node_namespace: str, tmp_path: Path) -> Iterator[JSON]:
+    kube = node_cluster.kube
+    namespace = node_namespace
+    host_dir = tmp_path / "state"
+    host_dir.mkdir(mode=0o777)
+    host_dir.chmod(0o777)  # the run's user (uid 1000) writes there
+    name = f"state-{namespace}"
+    kube.create(
+        PERSISTENTVOLUMES,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": "state"},
+            },
+        },
+    )
+    kube.create(
+        PERSISTENTVOLUMECLAIMS,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "state"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": name,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        namespace,
+    )
+    wait_until(
+        lambda: (
+            kube.get(PERSISTENTVOLUMECLAIMS, "state", namespace).get("status", {}).get("phase")
+            == "Bound"
+        ),
+        timeout=120,
+        what="the state PersistentVolumeClaim to be bound",
+    )
+    yield {"name": "state", "persistentVolumeClaim": {"claimName": "state"}}
+    kube.delete(PERSISTENTVOLUMES, name)

@@ -79,7 +79,7 @@ def test_the_runner_bundle_image_copies_the_bundle_as_its_init_container_does(
 ) -> None:
     assert config_of(built_images["runner-bundle"])["User"] == "65532:65532"
     container = image_containers["runner-bundle"]
-    # The init container's command (controller/jobs.py), into a directory the user may write.
+    # The init container's command (controller/job_builder.py), into a directory the user may write.
     succeeded(container, "cp", "-R", JobSettings().runner_bundle, "/tmp/runner")
     # The copy starts even here, in an image with no C library: it brings its own.
     assert __version__ in succeeded(container, "/tmp/runner/pkobatch-runner", "--version")

@@ -14,7 +14,11 @@ from test_real_node import WaitPod, phase_is
 
 from pkobatch import __version__
 from pkobatch.config import JobSettings
-from pkobatch.controller.jobs import INJECTED_BUNDLE, INJECTED_RUNNER, RESTRICTED_SECURITY_CONTEXT
+from pkobatch.controller.run_pod import (
+    INJECTED_BUNDLE,
+    INJECTED_RUNNER,
+    RESTRICTED_SECURITY_CONTEXT,
+)
 from pkobatch.kube.client import PODS
 
 JSON = dict[str, Any]

@@ -201,31 +201,49 @@ def assert_controller_runs(
     assert pod_name in results["controller leader"]["detail"]
 
 
-@pytest.fixture
-def kustomization(
-    node_cluster: Cluster, controller_image: BuiltImage, tmp_path: Path
-) -> Iterator[Path]:
-    """docs/install.md's kustomization in its own directory, on deploy/kustomize/base (one
-    replica: the one controller pod the test checks is the leader) and the local registry;
-    what it installs is removed after the test, but the CRDs, which the session's other
-    tests use."""
+def write_kustomization(directory: Path, controller: BuiltImage) -> None:
+    """docs/install.md's kustomization in ``directory``, on deploy/kustomize/base (one
+    replica: the one controller pod the tests check is the leader) and the local registry
+    (its runs' image too: the runner image of the same registry)."""
     text = doc_block("yaml", "kind: Kustomization", "images:")
-    base = os.path.relpath(REPO_ROOT / "deploy" / "kustomize" / "base", tmp_path)
+    base = os.path.relpath(REPO_ROOT / "deploy" / "kustomize" / "base", directory)
     text = text.replace("../pkobatch/deploy/kustomize/overlays/prod", base)
-    text = text.replace(DOC_REGISTRY, local_registry(controller_image))
-    (tmp_path / "kustomization.yaml").write_text(text)
-    yield tmp_path
-    kubectl = kubectl_of(node_cluster)
-    rendered = run([str(kubectl), "kustomize", str(tmp_path)], node_cluster)
+    text = text.replace(DOC_REGISTRY, local_registry(controller))
+    (directory / "kustomization.yaml").write_text(text)
+
+
+def apply_kustomization(cluster: Cluster, directory: Path) -> None:
+    """The commands of docs/install.md's cluster-wide install, on the kustomization in
+    ``directory``."""
+    install = doc_block("sh", "kubectl apply -k", "rollout status")
+    sh(install.replace("deploy/kustomize/overlays/prod", str(directory)), cluster)
+
+
+def delete_kustomization(cluster: Cluster, directory: Path) -> None:
+    """Remove what the kustomization in ``directory`` installed but the CRDs, which the
+    session's other tests use."""
+    kubectl = kubectl_of(cluster)
+    rendered = run([str(kubectl), "kustomize", str(directory)], cluster)
     installed = [
         d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "CustomResourceDefinition"
     ]
     run(
         [str(kubectl), "delete", "--ignore-not-found", "--wait", "-f", "-"],
-        node_cluster,
+        cluster,
         input=yaml.safe_dump_all(installed),
     )
-    wait_namespace_gone(node_cluster, CONTROLLER_NAMESPACE)
+    wait_namespace_gone(cluster, CONTROLLER_NAMESPACE)
+
+
+@pytest.fixture
+def kustomization(
+    node_cluster: Cluster, controller_image: BuiltImage, tmp_path: Path
+) -> Iterator[Path]:
+    """``write_kustomization`` in the test's directory; what it installs is removed after
+    the test."""
+    write_kustomization(tmp_path, controller_image)
+    yield tmp_path
+    delete_kustomization(node_cluster, tmp_path)
 
 
 def test_kubectl_apply_k_installs_a_controller_that_runs_as_a_pod(
@@ -240,10 +258,7 @@ def test_kubectl_apply_k_installs_a_controller_that_runs_as_a_pod(
     assert overlay["images"][0]["newName"] + ":" + overlay["images"][0]["newTag"] == (
         controller_image.reference
     )
-    # The commands of docs/install.md's cluster-wide install, on the user's kustomization.
-    install = doc_block("sh", "kubectl apply -k", "rollout status")
-    commands = install.replace("deploy/kustomize/overlays/prod", str(kustomization))
-    sh(commands, node_cluster)
+    apply_kustomization(node_cluster, kustomization)
     assert_controller_runs(node_cluster, controller_image, node_namespace, busybox_image, wait_pod)
 
 

@@ -44,6 +44,17 @@ def dev_status(state: Path) -> JSON:
     return status
 
 
+NOTHING_LEFT: dict[str, object] = {
+    "network namespace": False,
+    "host interface": False,
+    "runtime directory": False,
+    "cgroups": [],
+    "mounts": [],
+    "shims": [],
+}
+"""What ``what_is_left`` finds once the real node is gone."""
+
+
 def what_is_left(state: Path) -> dict[str, object]:
     paths = NodePaths(state)
     netns, interface = node_network_names(state)
@@ -140,13 +151,6 @@ def test_down_leaves_nothing_of_the_real_node(
         assert processes_naming(token), "the container ended with its supervisor"
 
     pkobatch("dev", "down", "--state-dir", str(state))
-    assert what_is_left(state) == {
-        "network namespace": False,
-        "host interface": False,
-        "runtime directory": False,
-        "cgroups": [],
-        "mounts": [],
-        "shims": [],
-    }
+    assert what_is_left(state) == NOTHING_LEFT
     assert processes_naming(token) == []
     assert leftovers(state, set()) == []

@@ -18,82 +18,23 @@ import pytest
 from controller_harness import (
     ControllerProcess,
     apply_stack,
-    bind_runner,
     condition,
-    create_secret,
-    install_controller_rbac,
     last_update,
     literal,
     ready,
-    secret,
     settled,
     stack_jobs,
+    wait_events,
     wait_stack,
 )
 from fixture_plugins.cluster import Cluster
-from fixture_plugins.node_images import PULUMI_YAML_PROGRAM, RUNNER_BUNDLE_PATH, NodeImage
+from fixture_plugins.node_images import PASSPHRASE, NodeImage, yaml_stack
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import NAMESPACES, PODS, Resource
+from pkobatch.kube.client import NAMESPACES, PODS
 
 pytestmark = pytest.mark.timeout(1800)
 JSON = dict[str, Any]
-PASSPHRASE = "not-a-secret-of-this-test"
-PERSISTENTVOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
-PERSISTENTVOLUMECLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-
-
-@pytest.fixture
-def node_controller(
-    node_cluster: Cluster,
-    node_namespace: str,
-    tmp_path: Path,
-    pulumi_yaml_image: str,
-    runner_bundle_image: str,
-) -> Iterator[ControllerProcess]:
-    """The controller for the test's namespace, its injected runs using the test images."""
-    kube = node_cluster.kube
-    install_controller_rbac(kube)
-    bind_runner(kube, node_namespace)
-    create_secret(kube, node_namespace, "pulumi", {"passphrase": PASSPHRASE})
-    process = ControllerProcess(
-        node_cluster,
-        node_namespace,
-        tmp_path / "controller",
-        env={
-            "PKOBATCH_JOB__BUNDLE_IMAGE": runner_bundle_image,
-            "PKOBATCH_JOB__RUNNER_BUNDLE": RUNNER_BUNDLE_PATH,
-            "PKOBATCH_JOB__IMAGE_PULL_POLICY": "Never",
-            "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "5s",
-        },
-    )
-    process.start()
-    yield process
-    process.stop()
-
-
-def yaml_stack(image: str, **workspace: Any) -> JSON:
-    """A Stack of the YAML program baked into ``image``, its state on a ``file://`` backend
-    in the pod's ``/tmp``."""
-    return {
-        "stack": "dev",
-        "config": {"greeting": "kia ora"},
-        "envRefs": {
-            "PULUMI_BACKEND_URL": literal("file:///tmp"),
-            "PULUMI_CONFIG_PASSPHRASE": secret("pulumi", "passphrase"),
-            "PULUMI_SKIP_UPDATE_CHECK": literal("true"),
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": literal("true"),
-        },
-        "workspaceTemplate": {
-            "spec": {
-                "image": image,
-                "imagePullPolicy": "Never",
-                "local": {"dir": PULUMI_YAML_PROGRAM},
-                "env": [{"name": "HOME", "value": "/tmp"}],
-                **workspace,
-            }
-        },
-    }
 
 
 def run_pods(node_cluster: Cluster, namespace: str, job: JSON) -> list[JSON]:
@@ -277,28 +218,28 @@ def test_a_run_past_its_timeout_is_stopped_and_recorded_as_such(
     )
 
 
+def write_if_read(fifo: Path, text: str) -> None:
+    """Write ``text`` to ``fifo`` if a reader waits on it (else ENXIO: nothing happens)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(descriptor, text.encode())
+        finally:
+            os.close(descriptor)
+
+
 @contextlib.contextmanager
-def feed_passphrase(node_cluster: Cluster, namespace: str, stack: str) -> Iterator[None]:
-    """Write the passphrase to the FIFO of every run pod of ``stack`` on the node (its
-    ``emptyDir`` is a directory of the kubelet's) each time a reader waits on it."""
-    assert node_cluster.node is not None
-    pods_dir = node_cluster.node.kubelet_dir / "pods"
+def feeding(name: str, fifos: Callable[[], list[Path]], text: str) -> Iterator[None]:
+    """Write ``text`` to each of ``fifos()`` whenever a reader waits on it, until the block
+    ends."""
     stop = threading.Event()
 
     def feed() -> None:
         while not stop.wait(0.2):
-            for job in stack_jobs(node_cluster.kube, namespace, stack):
-                for pod in run_pods(node_cluster, namespace, job):
-                    volume = pods_dir / pod["metadata"]["uid"] / "volumes"
-                    fifo = volume / "kubernetes.io~empty-dir" / "passphrase" / "fifo"
-                    with contextlib.suppress(OSError):  # ENXIO: no reader waits
-                        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-                        try:
-                            os.write(descriptor, PASSPHRASE.encode())
-                        finally:
-                            os.close(descriptor)
+            for fifo in fifos():
+                write_if_read(fifo, text)
 
-    feeder = threading.Thread(target=feed, name="feed-passphrase", daemon=True)
+    feeder = threading.Thread(target=feed, name=name, daemon=True)
     feeder.start()
     try:
         yield
@@ -307,58 +248,27 @@ def feed_passphrase(node_cluster: Cluster, namespace: str, stack: str) -> Iterat
         feeder.join(timeout=60)
 
 
-@pytest.fixture
-def state_volume(node_cluster: Cluster, node_namespace: str, tmp_path: Path) -> Iterator[JSON]:
-    """A PersistentVolumeClaim ``state`` bound to a hostPath PersistentVolume at
-    ``tmp_path/state``, where a ``file://`` backend outlives the run's pod: the pod volume
-    that mounts it. The PersistentVolume is deleted after the test."""
-    kube = node_cluster.kube
-    namespace = node_namespace
-    host_dir = tmp_path / "state"
-    host_dir.mkdir(mode=0o777)
-    host_dir.chmod(0o777)  # the run's user (uid 1000) writes there
-    name = f"state-{namespace}"
-    kube.create(
-        PERSISTENTVOLUMES,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(host_dir), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": "state"},
-            },
-        },
-    )
-    kube.create(
-        PERSISTENTVOLUMECLAIMS,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "state"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": name,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-        namespace,
-    )
-    wait_until(
-        lambda: (
-            kube.get(PERSISTENTVOLUMECLAIMS, "state", namespace).get("status", {}).get("phase")
-            == "Bound"
-        ),
-        timeout=120,
-        what="the state PersistentVolumeClaim to be bound",
-    )
-    yield {"name": "state", "persistentVolumeClaim": {"claimName": "state"}}
-    kube.delete(PERSISTENTVOLUMES, name)
+def feed_passphrase(
+    node_cluster: Cluster, namespace: str, stack: str
+) -> contextlib.AbstractContextManager[None]:
+    """Write the passphrase to the FIFO of every run pod of ``stack`` on the node (its
+    ``emptyDir`` is a directory of the kubelet's) each time a reader waits on it."""
+    assert node_cluster.node is not None
+    pods_dir = node_cluster.node.kubelet_dir / "pods"
+
+    def fifos() -> list[Path]:
+        return [
+            pods_dir
+            / pod["metadata"]["uid"]
+            / "volumes"
+            / "kubernetes.io~empty-dir"
+            / "passphrase"
+            / "fifo"
+            for job in stack_jobs(node_cluster.kube, namespace, stack)
+            for pod in run_pods(node_cluster, namespace, job)
+        ]
+
+    return feeding("feed-passphrase", fifos, PASSPHRASE)
 
 
 def test_a_run_keeps_running_through_a_restart_of_kubelet_and_containerd(
@@ -413,3 +323,157 @@ def test_a_run_keeps_running_through_a_restart_of_kubelet_and_containerd(
     locks = state_dir / ".pulumi" / "locks"
     assert [p for p in locks.rglob("*") if p.is_file()] == []
     assert list((state_dir / ".pulumi" / "stacks").rglob("dev.json*"))
+
+
+def pulumi_locks(state_dir: Path) -> list[Path]:
+    """Every file under the ``file://`` backend's lock directory (a lock and its ``.attrs``)."""
+    return [p for p in (state_dir / ".pulumi" / "locks").rglob("*") if p.is_file()]
+
+
+GATE_PROGRAM = """name: pkobatch-test-gate
+description: pkobatch test program - its update waits until a line is written to {gate}
+runtime: yaml
+variables:
+  gate:
+    fn::readFile: {gate}
+outputs:
+  gate: ${{gate}}
+"""
+
+
+def test_a_run_killed_by_a_reboot_of_its_nodes_runtime_is_interrupted_and_run_again(
+    node_cluster: Cluster,
+    node_namespace: str,
+    node_controller: ControllerProcess,
+    pulumi_yaml_image: str,
+    state_volume: JSON,
+    tmp_path: Path,
+) -> None:
+    """A reboot, as far as the runtime sees it: the kubelet and containerd stop, every shim
+    and container process is killed, both start again. The update was holding the stack's
+    lock on a ``file://`` backend (a PersistentVolume) when it died: the Stack records the
+    run as interrupted, the retry removes the stale lock and succeeds, and no lock is
+    left."""
+    kube = node_cluster.kube
+    node = node_cluster.node
+    assert node is not None
+    state_dir = tmp_path / "state"
+    program = state_dir / "program"
+    program.mkdir()
+    # The program reads a FIFO of the volume: the update (holding the lock) waits for a writer.
+    gate = state_dir / "gate"
+    os.mkfifo(gate, 0o666)
+    gate.chmod(0o666)
+    (program / "Pulumi.yaml").write_text(GATE_PROGRAM.format(gate="/state/gate"))
+    spec = yaml_stack(pulumi_yaml_image)
+    spec["envRefs"]["PULUMI_BACKEND_URL"] = literal("file:///state")
+    spec["workspaceTemplate"]["spec"]["local"] = {"dir": "/state/program"}
+    mount = {"name": "state", "mountPath": "/state"}
+    spec["jobTemplate"] = {
+        "spec": {
+            "volumes": [state_volume],
+            "containers": [{"name": "pulumi", "volumeMounts": [mount]}],
+        }
+    }
+    apply_stack(kube, node_namespace, "rebooted", spec)
+    wait_until(lambda: pulumi_locks(state_dir), timeout=600, what="the update to take its lock")
+    (first,) = stack_jobs(kube, node_namespace, "rebooted")
+    (killed,) = run_pods(node_cluster, node_namespace, first)
+
+    node.crash_runtime()
+    # The killed update's lock stays until the retry, at least 10 s after the failure.
+    stale = pulumi_locks(state_dir)
+    assert stale, "the killed update left no lock: it did not hold one"
+
+    stack = wait_stack(
+        kube,
+        node_namespace,
+        "rebooted",
+        lambda s: last_update(s).get("name") == first["metadata"]["name"],
+        timeout=600,
+    )
+    update = last_update(stack)
+    pod = kube.get(PODS, killed["metadata"]["name"], node_namespace)
+    assert (update["state"], update["reason"]) == ("failed", "Interrupted"), (update, pod["status"])
+    assert "was lost by its node (Unknown, exit code 255" in update["message"], update
+    assert "it will be retried" in update["message"]
+    wait_events(
+        kube,
+        node_namespace,
+        lambda e: e["reason"] == "StackUpdateFailure" and "was lost by its node" in e["note"],
+        timeout=120,
+        what="the Event of the interrupted run",
+    )
+
+    with feeding("open-gate", lambda: [gate], "open\n"):
+        again = wait_stack(kube, node_namespace, "rebooted", ready, timeout=900)
+
+    assert again["status"]["outputs"]["gate"] == "open\n"
+    jobs = stack_jobs(kube, node_namespace, "rebooted")
+    assert len(jobs) == 2 and jobs[0]["metadata"]["name"] == first["metadata"]["name"]
+    assert pulumi_locks(state_dir) == []
+    assert all(not path.exists() for path in stale)
+    wait_events(
+        kube,
+        node_namespace,
+        lambda e: e["reason"] == "StaleLockRemoved" and first["metadata"]["name"] in e["note"],
+        timeout=120,
+        what="the StaleLockRemoved Event",
+    )
+
+
+def memory_limited(image: str, limit: str) -> JSON:
+    return yaml_stack(image, resources={"limits": {"memory": limit}, "requests": {"memory": limit}})
+
+
+def test_a_run_whose_pulumi_is_oom_killed_says_so_and_is_retried(
+    node_cluster: Cluster,
+    node_namespace: str,
+    node_controller: ControllerProcess,
+    pulumi_yaml_image: str,
+) -> None:
+    """At 64Mi the kernel kills the largest process of the run's container, the Pulumi CLI
+    (already its ``pulumi version``), and the runner survives: it reads the container's
+    memory cgroup and reports the kill. (At 12Mi to 40Mi nothing was killed: each run was
+    still running after 4 minutes, its processes thrashing; the Job's deadline ends it.)"""
+    kube = node_cluster.kube
+    apply_stack(kube, node_namespace, "hungry", memory_limited(pulumi_yaml_image, "64Mi"))
+
+    stack = wait_stack(
+        kube,
+        node_namespace,
+        "hungry",
+        lambda s: last_update(s).get("state") == "failed",
+        timeout=600,
+    )
+
+    update = last_update(stack)
+    (first,) = [
+        j
+        for j in stack_jobs(kube, node_namespace, "hungry")
+        if j["metadata"]["name"] == update["name"]
+    ]
+    (pod,) = run_pods(node_cluster, node_namespace, first)
+    assert update["reason"] == "OOMKilled", (update, pod["status"])
+    assert "its memory limit of 64Mi (OOMKilled)" in update["message"]
+    assert "raise spec.workspaceTemplate.spec.resources.limits.memory" in update["message"]
+    # The runner's words: its result was written and trusted. containerd marks the container
+    # OOMKilled for any OOM kill in it, though the runner exited by itself.
+    assert update["message"].startswith("the run ran out of memory: the kernel killed")
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["state"]["terminated"]["reason"] == "OOMKilled"
+    assert container["state"]["terminated"]["exitCode"] == 1
+    # Retried by policy: the next run follows the backoff and fails the same way.
+    retried = wait_stack(
+        kube,
+        node_namespace,
+        "hungry",
+        lambda s: int(last_update(s).get("failures") or 0) >= 1,
+        timeout=600,
+    )
+    assert last_update(retried)["reason"] == "OOMKilled"
+    assert len(stack_jobs(kube, node_namespace, "hungry")) >= 2
+
+    apply_stack(kube, node_namespace, "hungry", memory_limited(pulumi_yaml_image, "512Mi"))
+    fixed = wait_stack(kube, node_namespace, "hungry", ready, timeout=600)
+    assert fixed["status"]["outputs"]["message"] == "kia ora from YAML"
