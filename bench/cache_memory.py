@@ -1,5 +1,5 @@
 """Memory of the controller's cache for N Stacks with H runs of history each: as the
-controller keeps it (reflector transforms of ``pkobatch.controller.cache``, finished runs
+controller keeps it (reflector transforms of ``pkobatch.controller.cache_transforms``, finished runs
 packed), with the transforms but nothing packed, and with neither, side by side.
 
     .venv/bin/python bench/cache_memory.py [--stacks 10000] [--history 5]
@@ -132,9 +132,10 @@ def stack(name: str) -> JSON:
 
 def history(stack_obj: JSON, runs: int) -> Iterator[tuple[JSON, JSON]]:
     """(Job, result ConfigMap) of each of ``runs`` finished runs of ``stack_obj``."""
-    from pkobatch.api.stack import StackSpec
+    from pkobatch.api.run import Run
+    from pkobatch.api.stack.spec import StackSpec
     from pkobatch.config import Settings
-    from pkobatch.controller.jobs import Run, build_run, builtin_template
+    from pkobatch.controller.job_builder import build_run, builtin_template
 
     settings, template = Settings().job, builtin_template()
     for index in range(runs):
@@ -211,7 +212,7 @@ def pages(objects: list[JSON]) -> Iterator[bytes]:
 
 def measure(variant: str, count: int, runs: int, live: bool) -> None:
     """One variant in this process: prints the cache's RSS growth in MiB."""
-    from pkobatch.controller.cache import cache_job, cache_result, cache_stack
+    from pkobatch.controller.cache_transforms import cache_job, cache_result, cache_stack
     from pkobatch.controller.stores import Stores, stack_name_of
     from pkobatch.runtime.store import Entry, Store, slim
 

@@ -1,7 +1,7 @@
 """Commit fan-out: a new commit on a branch that N Stacks follow, until every Stack's Job.
 
     .venv/bin/python bench/commit_fanout.py [--stacks 1000] [--commits 3] [--workers 8]
-        [--poll-interval 60s] [--kube-qps Q] [--kube-burst B]
+        [--poll-interval 60s] [--kube-qps Q] [--kube-burst B] [--push]
 
 On a local control plane, as ``bench/fanout.py`` in its ``controller`` mode (whose pieces
 this script imports): kube-controller-manager without its job-controller, and this script
@@ -17,28 +17,41 @@ the branch poller runs the same ``git ls-remote`` on it as on a remote one).
    timed the controller makes only the writes before a run; then they finish and every
    Stack becomes Ready at the new commit before the next push.
 
+With ``--push`` the controller runs its push receiver on loopback (a ``generic`` receiver,
+docs/operations.md#push-webhooks) and polls only hourly (unless ``--poll-interval`` says
+otherwise); right after each git push this script posts the signed webhook naming the
+repository and branch, so detection is the receiver's: the webhook, one ``ls-remote``, one
+reconcile.
+
 Printed for each commit: first, p50, p99 and last of those seconds; the detection time (push
-to first Job: the branch poller's wait for its next ``ls-remote``, at most the poll interval,
-plus one reconcile); the fan-out (first to last Job); and the least time the controller's
-client rate limit allows for the fan-out's requests: the controller's own request count
-between the push and the last Job (``rest_client_requests_total``) less the Events it posted
-meanwhile (they take tokens from a bucket of their own), less the burst the bucket held at
-the push, divided by the QPS. A fan-out close to that bound is bound by the rate limit; one
-much longer is bound by something else. Also the ``ls-remote`` calls the poller made, the
-time the controller's requests waited for the rate limit, the controller's CPU time from
-the push to the last Job, and the load average.
+to first Job: the branch poller's wait for its next ``ls-remote``, at most the poll
+interval, plus one reconcile; with ``--push``, the webhook's answer and the fetch it
+starts); the fan-out (first to last Job); and the least time the controller's client rate
+limit allows for the fan-out's requests: the controller's own request count between the push
+and the last Job (``rest_client_requests_total``) less the Events it posted meanwhile (they
+take tokens from a bucket of their own), less the burst the bucket held at the push, divided
+by the QPS. A fan-out close to that bound is bound by the rate limit; one much longer is
+bound by something else. Also the ``ls-remote`` calls the poller made, the time the
+controller's requests waited for the rate limit, the controller's CPU time from the push to
+the last Job, and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
+import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +158,65 @@ class Repository:
 
 
 # ---------------------------------------------------------------------------------------
+# The push receiver
+# ---------------------------------------------------------------------------------------
+
+RECEIVER = "bench"
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """The controller's ``generic`` receiver on loopback, and its secret."""
+
+    port: int
+    secret: str
+
+    def signed(self, repository: str, branch: str) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of a push of ``branch`` of ``repository``."""
+        body = json.dumps({"repository": repository, "branch": branch}).encode()
+        digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+        return body, {"X-Signature": f"sha256={digest}", "Content-Type": "application/json"}
+
+    def post(self, repository: str, branch: str) -> tuple[int, str]:
+        """Send the push; the receiver's status and reply."""
+        body, headers = self.signed(repository, branch)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/hooks/{RECEIVER}", body, headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode().strip()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode().strip()
+
+    def listening(self) -> bool:
+        try:
+            self.post("", BRANCH)
+        except OSError:
+            return False
+        return True
+
+
+def configure_receiver(work: Path) -> Webhook:
+    """Settings (in this process's environment, which ``controller_process`` passes on)
+    for a receiver on a free loopback port; the webhook that reaches it."""
+    from pkobatch.dev.processes import free_port
+
+    webhook = Webhook(free_port(), secrets.token_hex(32))
+    secrets_dir = work / "receivers"
+    secrets_dir.mkdir()
+    (secrets_dir / RECEIVER).write_text(webhook.secret)
+    os.environ.update(
+        {
+            "PKOBATCH_RECEIVER__ADDR": f"127.0.0.1:{webhook.port}",
+            "PKOBATCH_RECEIVER__RECEIVERS": f"{RECEIVER}=generic",
+            "PKOBATCH_RECEIVER__SECRETS_DIR": str(secrets_dir),
+        }
+    )
+    return webhook
+
+
+# ---------------------------------------------------------------------------------------
 # Measuring
 # ---------------------------------------------------------------------------------------
 
@@ -191,6 +263,7 @@ def measure_commit(
     index: int,
     args: argparse.Namespace,
     limits: tuple[float, int],
+    webhook: Webhook | None,
 ) -> CommitFanout:
     from pkobatch.kube.client import EVENTS
 
@@ -209,6 +282,11 @@ def measure_commit(
         cpu_before = cpu_seconds(pid)
         commit = repo.push_commit(f"commit {index}")
         pushed = time.monotonic()
+        if webhook is not None:
+            status, reply = webhook.post(repo.url, BRANCH)
+            if status != 202:
+                raise RuntimeError(f"the push receiver answered {status}: {reply}")
+            say(f"  webhook answered {status} after {time.monotonic() - pushed:.3f}s: {reply}")
         wait_for(lambda: jobs.count() >= count, args.timeout, "every Stack's new Job", 0.05)
         cpu = cpu_seconds(pid) - cpu_before
         requests = metric_sum(port, "rest_client_requests_total") - requests_before
@@ -261,12 +339,18 @@ def main() -> None:
         "--poll-interval", help="the controller's PKOBATCH_POLL_INTERVAL (default: its default)"
     )
     add_rate_limit_options(parser)
+    parser.add_argument(
+        "--push",
+        action="store_true",
+        help="post a signed webhook to the controller's push receiver after each git push "
+        "(and poll hourly unless --poll-interval is given)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()
     # Stopped from outside, still stop the control plane and the controller on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.poll_interval:
-        os.environ["PKOBATCH_POLL_INTERVAL"] = args.poll_interval
+    if args.poll_interval or args.push:
+        os.environ["PKOBATCH_POLL_INTERVAL"] = args.poll_interval or "1h"
 
     from pkobatch.config import Settings
     from pkobatch.dev.controlplane import CONTROLLERS, default_crds_dir
@@ -286,6 +370,7 @@ def main() -> None:
         work = Path(tmp)
         repo = Repository(work / "git")
         first = repo.push_commit("commit 0")
+        webhook = configure_receiver(work) if args.push else None
         with dev_environment(
             work / "cluster",
             tools,
@@ -301,7 +386,8 @@ def main() -> None:
                 say(
                     f"commit fan-out: {count} Stacks on branch {BRANCH} of {repo.url}, "
                     f"{args.workers} workers, poll interval {defaults.poll_interval}, "
-                    f"rate limit {qps:g} QPS, burst {burst}; {load()}"
+                    f"rate limit {qps:g} QPS, burst {burst}"
+                    f"{'; pushed through the receiver' if webhook else ''}; {load()}"
                 )
                 with controller_process(plane.kubeconfig, count, work, args, None) as (
                     process,
@@ -326,9 +412,18 @@ def main() -> None:
                         f"every Stack created and Ready at the first commit after "
                         f"{time.monotonic() - started:.1f}s"
                     )
+                    if webhook is not None:
+                        wait_for(webhook.listening, args.timeout, "the push receiver")
                     results = [
                         measure_commit(
-                            kube, repo, runner, (process.pid, port), index, args, (qps, burst)
+                            kube,
+                            repo,
+                            runner,
+                            (process.pid, port),
+                            index,
+                            args,
+                            (qps, burst),
+                            webhook,
                         )
                         for index in range(1, args.commits + 1)
                     ]
