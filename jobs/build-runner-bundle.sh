@@ -61,6 +61,11 @@ key=$(
 )
 cache=${PKOBATCH_BUNDLE_CACHE:-$HOME/.cache/pkobatch/runner-bundle}
 dir=$cache/$key
+# One build at a time per cache: test tiers run side by side (scripts/test.sh), and one build
+# must not replace the directory another is reading or writing.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 bundle=$dir/pkobatch-runner
 if [ -f "$dir/.stamp" ]; then
   say "cached: $bundle"

@@ -6,11 +6,15 @@
 #                                             mmdebstrap, which build the images)
 #   scripts/bootstrap.sh etcd kubernetes ...  only the named scripts/tools.sh components
 #   scripts/bootstrap.sh --image-builder etcd ...   and buildah and mmdebstrap
+#   scripts/bootstrap.sh --image-builder --no-tools  packages and .venv only (scripts/test.sh
+#                                             builds the tools beside the tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 image_builder=$([ $# -eq 0 ] && echo yes || echo no)
 if [ "${1:-}" = --image-builder ]; then image_builder=yes; shift; fi
+build_tools=yes
+if [ "${1:-}" = --no-tools ]; then build_tools=no; shift; fi
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 
@@ -53,5 +57,6 @@ say "installing pkobatch and its development tools into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 
+[ "$build_tools" = yes ] || exit 0
 say "building (or reusing) ${*:-etcd, kube-apiserver, kube-controller-manager, the Pulumi CLI, its YAML host and the Kubernetes provider}"
 bash scripts/tools.sh "$@"

@@ -1,32 +1,150 @@
 #!/usr/bin/env bash
 # Run every check and every test (unit, integration against a real control plane, end to
-# end with the real Pulumi CLI). This is the README's test command and what CI runs.
+# end with the real Pulumi CLI, the real node). This is the README's test command and what CI
+# runs.
+#
+# On a fresh machine the tools (scripts/tools.sh) take longer to build than the tests take to
+# run, so the two overlap: the tools are built in the background in the order the test tiers
+# need them, and each tier starts as soon as its own are built (cached tools are only checked):
+#
+#   stage 1  etcd kubernetes helm promtool prometheus_operator kstatus source_controller
+#   stage 2  pulumi yaml kubernetes_provider
+#   stage 3  argocd_health registry pulumi_old pulumi_mid
+#   stage 4  node containerd cni_plugins crictl
+#
+#   static checks (ruff, mypy, import-linter)   at once
+#   tests/integration                           after stage 1
+#   tests/unit                                  after stage 2 (a few need the YAML host and
+#                                               the Kubernetes provider)
+#   tests/e2e                                   after stage 3, beside the tiers below
+#   tests/node                                  after stage 4 (it builds pkobatch's images)
+#
+# Every tier runs even when another failed; the script fails when any step did, and a tier in
+# which pytest ran no test is a failure. Each tier's and stage's time is printed at the end.
+#
+#   bash scripts/test.sh                 all of the above
+#   bash scripts/test.sh PYTEST_ARGS...  build every tool, then one `pytest PYTEST_ARGS`
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/bootstrap.sh
-# helm, promtool and the Prometheus Operator's CRDs, for the tests of deploy/, Flux's
-# source-controller, for the tests of spec.fluxSource, Argo CD's health check and kstatus,
-# for the GitOps health tests, an OCI registry, for the chart installed from one, the real
-# node (kubelet, kube-proxy, kube-scheduler, pause, containerd, the CNI plugins, crictl),
-# for tests/node, and two older Pulumi CLIs, for the
-# PulumiVersionTooLow test and config on a CLI between it and today's (cached by version).
-bash scripts/tools.sh helm promtool prometheus_operator source_controller argocd_health kstatus registry node containerd cni_plugins crictl pulumi_old pulumi_mid
-
-export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff" >&2
-ruff check .
-ruff format --check .
-echo "== mypy --strict" >&2
-mypy --strict pkobatch
-echo "== import-linter" >&2
-lint-imports
-echo "== pytest" >&2
+start=$(date +%s)
 # Integration and e2e tests fail (never skip) when a real binary is missing.
 export CI="${CI:-true}"
-set +e
-# The slowest tests are listed at the end: where a run's time goes, for keeping CI short.
-pytest --durations=25 "$@"
-rc=$?
-set -e
-if [ $rc -eq 5 ]; then echo "test.sh: pytest ran no tests; that is a failure" >&2; exit 1; fi
-exit $rc
+
+stages=(
+  "etcd kubernetes helm promtool prometheus_operator kstatus source_controller"
+  "pulumi yaml kubernetes_provider"
+  "argocd_health registry pulumi_old pulumi_mid"
+  "node containerd cni_plugins crictl"
+)
+
+if [ $# -gt 0 ]; then
+  bash scripts/bootstrap.sh --image-builder ${stages[*]}
+  export PATH="$PWD/.venv/bin:$PATH"
+  set +e
+  .venv/bin/pytest --durations=25 "$@"
+  rc=$?
+  if [ $rc -eq 5 ]; then echo "test.sh: pytest ran no tests; that is a failure" >&2; exit 1; fi
+  exit $rc
+fi
+
+bash scripts/bootstrap.sh --image-builder --no-tools
+export PATH="$PWD/.venv/bin:$PATH"
+
+# Job control gives each background step its own process group, so that stopping it (on an
+# error or an interrupt) stops the builds and tests it started.
+set -m
+work=$(mktemp -d "${TMPDIR:-/tmp}/pkobatch-test.XXXXXX")
+background=()
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; done
+}
+trap stop_background EXIT
+say() { printf '[test.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
+
+# The tools, stage by stage; stage N's marker file says how it ended.
+(
+  for i in "${!stages[@]}"; do
+    n=$((i + 1)) began=$(date +%s)
+    # shellcheck disable=SC2086
+    if bash scripts/tools.sh ${stages[$i]} >"$work/tools-$n.log" 2>&1; then
+      echo "ok $(elapsed "$began")" >"$work/stage-$n"
+    else
+      echo "failed $(elapsed "$began")" >"$work/stage-$n"
+      for ((rest = n + 1; rest <= ${#stages[@]}; rest++)); do echo "skipped" >"$work/stage-$rest"; done
+      exit 1
+    fi
+  done
+) &
+background+=($!)
+
+# Wait for stage $1; print its build output; fail when it (or one before it) failed.
+wait_stage() {
+  local n=$1
+  until [ -f "$work/stage-$n" ]; do sleep 5; done
+  [ -f "$work/tools-$n.log" ] && cat "$work/tools-$n.log" >&2 && rm "$work/tools-$n.log"
+  case $(cut -d' ' -f1 "$work/stage-$n") in
+    ok) return 0 ;;
+    *) echo "test.sh: tools stage $n (${stages[$((n - 1))]}) did not build: see its output above" >&2; return 1 ;;
+  esac
+}
+
+failures=()
+timings=()
+# Run one tier: its name, the stage it needs, then pytest's arguments.
+tier() {
+  local name=$1 stage=$2 began rc
+  shift 2
+  wait_stage "$stage" || { failures+=("$name (tools)"); return 0; }
+  began=$(date +%s)
+  say "== pytest $name"
+  set +e
+  pytest --durations=15 "$@"
+  rc=$?
+  set -e
+  timings+=("$name $(elapsed "$began")")
+  if [ $rc -eq 5 ]; then echo "test.sh: pytest ran no tests in $name; that is a failure" >&2; fi
+  [ $rc -eq 0 ] || failures+=("$name (pytest exit $rc)")
+}
+
+say "== ruff, mypy --strict, import-linter"
+began=$(date +%s)
+ruff check . || failures+=("ruff check")
+ruff format --check . || failures+=("ruff format")
+mypy --strict pkobatch || failures+=("mypy")
+lint-imports || failures+=("import-linter")
+timings+=("static checks $(elapsed "$began")")
+
+# The e2e tier runs beside the others, its output kept until it ends so that the tiers'
+# outputs do not interleave.
+(
+  tier e2e 3 tests/e2e || true
+  for t in "${timings[@]}"; do echo "timing $t"; done >"$work/e2e-timings"
+  for f in "${failures[@]}"; do echo "$f"; done >"$work/e2e-failures"
+) >"$work/e2e.log" 2>&1 &
+e2e_pid=$!
+background+=("$e2e_pid")
+
+tier integration 1 tests/integration
+tier unit 2 tests/unit
+tier node 4 tests/node
+
+say "waiting for the e2e tier"
+wait "$e2e_pid" || true
+cat "$work/e2e.log"
+while read -r line; do timings+=("${line#timing }"); done <"$work/e2e-timings"
+while read -r line; do [ -n "$line" ] && failures+=("$line"); done <"$work/e2e-failures"
+wait_stage 4 >/dev/null 2>&1 || true
+
+say "tools stages:"
+for i in "${!stages[@]}"; do echo "  stage $((i + 1)) (${stages[$i]}): $(cat "$work/stage-$((i + 1))")" >&2; done
+say "tiers (they overlap):"
+for t in "${timings[@]}"; do echo "  $t" >&2; done
+say "total $(elapsed "$start")"
+rm -rf "$work"
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "test.sh: FAILED: ${failures[*]}" >&2
+  exit 1
+fi
+say "all checks and tests passed"
