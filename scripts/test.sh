@@ -77,12 +77,18 @@ elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
     fi
   done
 ) &
-background+=($!)
+tools_pid=$!
+background+=("$tools_pid")
 
 # Wait for stage $1; print its build output; fail when it (or one before it) failed.
 wait_stage() {
   local n=$1
-  until [ -f "$work/stage-$n" ]; do sleep 5; done
+  until [ -f "$work/stage-$n" ]; do
+    if ! kill -0 "$tools_pid" 2>/dev/null && [ ! -f "$work/stage-$n" ]; then
+      echo "test.sh: the tools build ended before stage $n was built" >&2; return 1
+    fi
+    sleep 5
+  done
   [ -f "$work/tools-$n.log" ] && cat "$work/tools-$n.log" >&2 && rm "$work/tools-$n.log"
   case $(cut -d' ' -f1 "$work/stage-$n") in
     ok) return 0 ;;
