@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pkobatch import __version__
 from pkobatch.api.constants import FLUX_SOURCE_GROUP, FLUX_SOURCE_KINDS, SHARD_LABEL
 from pkobatch.api.durations import parse_duration
+from pkobatch.api.label_selector import InvalidSelector, LabelSelector, parse_selector
 
 # A shard name is part of its Lease name and of its Deployment name in deploy/
 # (pkobatch-controller-<shard>, which must stay a DNS label: at most 63 characters).
@@ -254,6 +255,12 @@ class Settings(BaseSettings):
     kubeconfig: str = ""
     context: str = ""
     namespaces: CommaList = Field(default_factory=list, description="empty: all namespaces")
+    namespace_selector: str = Field(
+        default="",
+        description="label selector of the namespaces whose Stacks are reconciled (e.g. "
+        "pulumi=enabled); empty: every namespace of `namespaces`. Both set: the listed "
+        "namespaces that match it (docs/install.md#watched-namespaces)",
+    )
     label_selector: str = ""
     shard: str = Field(
         default="",
@@ -350,6 +357,20 @@ class Settings(BaseSettings):
                 "letter, then letters and digits)"
             )
         return value
+
+    @field_validator("namespace_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        try:
+            parse_selector(value)
+        except InvalidSelector as exc:
+            raise ValueError(f"not a label selector: {exc}") from None
+        return value
+
+    @property
+    def namespace_filter(self) -> LabelSelector | None:
+        """The namespace selector parsed (None: namespaces are not selected by label)."""
+        return parse_selector(self.namespace_selector) if self.namespace_selector.strip() else None
 
     @property
     def flux_source_kinds(self) -> tuple[str, ...]:

@@ -38,6 +38,11 @@ def _default(field: str) -> object:
 @click.option(
     "--namespaces", help="comma-separated namespaces to watch [env PKOBATCH_NAMESPACES; all]"
 )
+@click.option(
+    "--namespace-selector",
+    help="only the namespaces whose labels match it; with --namespaces, the listed ones that "
+    "match [env PKOBATCH_NAMESPACE_SELECTOR; all]",
+)
 @click.option("--label-selector", help="only Stacks matching it [env PKOBATCH_LABEL_SELECTOR]")
 @click.option(
     "--shard",
@@ -117,8 +122,11 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
             settings.kubeconfig or None,
             settings.context or None,
             on_request=metrics.request_done,
-            # A connection per worker plus one per watch (three kinds per namespace).
-            qps_pool=settings.workers + 3 * max(1, len(settings.namespaces)) + 4,
+            # A connection per worker plus one per watch (three kinds per namespace, and the
+            # Namespaces when selected by label).
+            qps_pool=settings.workers
+            + 3 * max(1, len(settings.namespaces))
+            + (5 if settings.namespace_filter else 4),
             rate_limiter=TokenBucket(settings.kube_qps, settings.kube_burst),
             on_wait=metrics.rate_limiter_waited,
         )
@@ -138,6 +146,7 @@ def controller_command(leader_elect: bool | None, **flags: Any) -> None:
         "starting controller",
         extra={
             "namespaces": settings.namespaces or "all",
+            "namespaceSelector": settings.namespace_selector or "all",
             "stackSelector": settings.stack_selector or "all",
             "workers": settings.workers,
             "leaderElection": settings.leader_election.enabled,

@@ -2,9 +2,9 @@
 generic runtime (``pkobatch.runtime``).
 
 ``build_manager`` says what is watched (Stacks by the label selector and the controller's
-shard; Jobs and ConfigMaps labelled managed-by pkobatch, of the same shard; Programs; the
-Flux source kinds Stacks name, while they do) and which Stack each watched object wakes
-(``pkobatch.controller.stores``).
+shard, in the namespaces the namespace list and selector give; Jobs and ConfigMaps labelled
+managed-by pkobatch, of the same shard; Programs; the Flux source kinds Stacks name, while
+they do) and which Stack each watched object wakes (``pkobatch.controller.stores``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def manager_options(settings: Settings) -> ManagerOptions:
     return ManagerOptions(
         kind=KIND,
         namespaces=settings.namespaces,
+        namespace_filter=settings.namespace_filter,
         workers=settings.workers,
         leader_election=(
             LeaderElection(

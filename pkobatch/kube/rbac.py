@@ -97,6 +97,9 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("coordination.k8s.io", "leases", "update"),
     # A Stack in a terminating namespace cannot start new runs.
     ("", "namespaces", "get"),
+    # PKOBATCH_NAMESPACE_SELECTOR: the namespaces whose labels match it (their labels only).
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
     # Secure metrics (pkobatch.runtime.secure_metrics): a scraper's token and its right to
     # get /metrics.
     ("authentication.k8s.io", "tokenreviews", "create"),

@@ -12,6 +12,13 @@ Shutdown (``stop()``, e.g. on SIGTERM): the queue stops handing out keys, in-fli
 reconciles finish, the reconciler, reflectors and on-demand watches stop, the lease is
 released, endpoints close.
 
+Namespaces selected by label (``ManagerOptions.namespace_filter``): one more reflector caches
+every Namespace (its name and labels only), and keys of a namespace whose labels the filter
+refuses are neither queued nor reconciled — the namespace's objects stay cached, so a
+namespace that gains matching labels has all its keys queued at once, without a new list.
+A namespace that loses them is left as it is: its keys stop being reconciled, nothing of it
+is deleted or changed.
+
 Resync (every ``resync_period``): every cached object goes through its watch's map function
 again, as an informer's resync delivers every object to its handlers; the queue coalesces.
 Resynced keys, like those of the start-up lists, are queued at low priority (behind any change
@@ -32,14 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from pkobatch.kube.client import Kube, Resource
+from pkobatch.api.objects import JSON
+from pkobatch.kube.client import NAMESPACES, Kube, Resource
 from pkobatch.runtime.health import HttpEndpoints, Response, Route, health_routes
-from pkobatch.runtime.interfaces import MapFunc, ObjectKey, Reconciler, Service
+from pkobatch.runtime.interfaces import (
+    MapFunc,
+    ObjectKey,
+    Reconciler,
+    ReconcileResult,
+    Service,
+)
 from pkobatch.runtime.leader import LeaderElector
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.reflector import Echo, Reflector, Transform, enqueue_keys
 from pkobatch.runtime.secure_metrics import MetricsAuthorizer, authorized, server_context
-from pkobatch.runtime.store import Store, slim
+from pkobatch.runtime.store import Store, object_key, slim
 from pkobatch.runtime.worker import WorkerPool
 from pkobatch.runtime.workqueue import WorkQueue
 
@@ -97,6 +111,8 @@ class LeaderElection:
 class ManagerOptions:
     kind: str  # what the keys name (the ``controllerKind`` of log lines)
     namespaces: Sequence[str] = ()  # empty: all namespaces
+    # None: every namespace of ``namespaces``; else only those whose labels it matches.
+    namespace_filter: NamespaceFilter | None = None
     workers: int = 4
     leader_election: LeaderElection | None = None
     # "0" or "" disables an endpoint.
@@ -106,6 +122,35 @@ class ManagerOptions:
     # the certificate's directory, or "" for a self-signed one.
     metrics_secure: bool = False
     metrics_cert_dir: str = ""
+
+
+class NamespaceFilter(Protocol):
+    """Which namespaces' keys are reconciled, by the namespace's labels."""
+
+    def matches(self, labels: Mapping[str, str]) -> bool: ...
+
+
+def namespace_labels(namespace: JSON) -> JSON:
+    """What the Namespace cache keeps of a Namespace: its name and labels."""
+    meta = namespace.get("metadata") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+            "labels": meta.get("labels") or {},
+        }
+    }
+
+
+def newly_selected(selector: NamespaceFilter, old: JSON | None, new: JSON | None) -> bool:
+    """Did this change of a Namespace make its labels match ``selector``?"""
+
+    def selected(namespace: JSON | None) -> bool:
+        return namespace is not None and selector.matches(
+            (namespace.get("metadata") or {}).get("labels") or {}
+        )
+
+    return selected(new) and not selected(old)
 
 
 class Stoppable(Protocol):
@@ -155,23 +200,37 @@ class Manager:
         self._watches = list(watches)
         self._also_stop = list(also_stop)
         self.reflectors: list[Reflector] = []
+        self.namespaces = Store()
         namespaces: list[str | None] = [*options.namespaces] or [None]
         for namespace in namespaces:
             for watch in self._watches:
+                to_keys = self._in_scope(watch.to_keys)
                 self.reflectors.append(
                     Reflector(
                         kube,
                         watch.resource,
                         watch.store,
-                        enqueue_keys(watch.to_keys, queue.add, watch.echo),
+                        enqueue_keys(to_keys, queue.add, watch.echo),
                         namespace=namespace,
                         label_selector=watch.label_selector,
                         metrics=self.metrics,
                         read_timeout=read_timeout,
                         transform=watch.transform,
-                        on_initial_list=enqueue_keys(watch.to_keys, queue.add_low_priority),
+                        on_initial_list=enqueue_keys(to_keys, queue.add_low_priority),
                     )
                 )
+        if options.namespace_filter is not None:
+            self.reflectors.append(
+                Reflector(
+                    kube,
+                    NAMESPACES,
+                    self.namespaces,
+                    self._namespace_changed,
+                    metrics=self.metrics,
+                    read_timeout=read_timeout,
+                    transform=namespace_labels,
+                )
+            )
         election = options.leader_election
         self.elector: LeaderElector | None = None
         if election is not None:
@@ -187,7 +246,11 @@ class Manager:
             )
             self.metrics.set_leader(election.lease_name, False)
         self._workers = WorkerPool(
-            queue, reconciler, self.metrics, options.workers, kind=options.kind
+            queue,
+            _InScope(reconciler, self.in_scope),
+            self.metrics,
+            options.workers,
+            kind=options.kind,
         )
         self._endpoints: list[HttpEndpoints] = []
         if options.health_addr not in ("", "0"):
@@ -213,6 +276,35 @@ class Manager:
             return False
         standby = self.elector is not None and not self.elector.is_leader
         return standby or self.synced()
+
+    def in_scope(self, namespace: str) -> bool:
+        """Are the keys of ``namespace`` reconciled (its labels match the namespace filter)?"""
+        selector = self._options.namespace_filter
+        if selector is None:
+            return True
+        cached = self.namespaces.get("", namespace)
+        return cached is not None and selector.matches(cached["metadata"]["labels"])
+
+    def _in_scope(self, to_keys: MapFunc) -> MapFunc:
+        if self._options.namespace_filter is None:
+            return to_keys
+        return lambda obj: [key for key in to_keys(obj) if self.in_scope(key.namespace)]
+
+    def _namespace_changed(self, old: JSON | None, new: JSON | None) -> None:
+        """A namespace whose labels now match: queue the keys of its cached objects."""
+        selector = self._options.namespace_filter
+        if new is None or selector is None or not newly_selected(selector, old, new):
+            return
+        name = object_key(new).name
+        keys: set[ObjectKey] = set()
+        for watch in self._watches:
+            if watch.resync:
+                for obj in watch.store.list_objects():
+                    if object_key(obj).namespace == name:
+                        keys.update(watch.to_keys(obj))
+        for key in keys:
+            self.queue.add(key)
+        log.info("namespace %s selected: queued %d keys", name, len(keys))
 
     @property
     def endpoint_ports(self) -> list[int]:
@@ -270,7 +362,7 @@ class Manager:
         for watch in self._watches:
             if watch.resync:
                 for obj in watch.store.list_objects():
-                    keys.update(watch.to_keys(obj))
+                    keys.update(self._in_scope(watch.to_keys)(obj))
         for key in keys:
             self.queue.add_low_priority(key)
         log.info("resync: queued %d keys", len(keys))
@@ -294,3 +386,17 @@ class Manager:
         for endpoint in self._endpoints:
             endpoint.stop()
         log.info("shut down")
+
+
+class _InScope:
+    """The reconciler, for keys of namespaces in scope; a key of another namespace (queued
+    before its namespace lost its labels, or by the reconciler itself) is dropped."""
+
+    def __init__(self, reconciler: Reconciler, in_scope: Callable[[str], bool]) -> None:
+        self._reconciler = reconciler
+        self._in_scope = in_scope
+
+    def reconcile(self, key: ObjectKey) -> ReconcileResult:
+        if not self._in_scope(key.namespace):
+            return ReconcileResult()
+        return self._reconciler.reconcile(key)

@@ -179,6 +179,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
         "leaderElection.renewDeadline=45s",
         "leaderElection.retryPeriod=10s",
         "controller.namespaces={team-a,team-b}",
+        "controller.namespaceSelector=pulumi=enabled",
         "settings.PKOBATCH_MAX_ACTIVE_JOBS=9",
         "settings.PKOBATCH_RETRY__MAX_FAILURES=5",
         "image.tag=1.2.3",
@@ -202,6 +203,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     assert settings.job.pod_security_level == "restricted"
     assert settings.leader_election.lease_duration.total_seconds() == 60
     assert settings.namespaces == ["team-a", "team-b"]
+    assert settings.namespace_selector == "pulumi=enabled"
     assert (settings.max_active_jobs, settings.retry.max_failures) == (9, 5)
     assert settings.log_level == "warning"
 
@@ -254,6 +256,10 @@ def test_namespaced_scope_grants_roles_in_every_watched_namespace(helm_bin: Path
         (["sharding.shards={Blue}"], '"Blue" is not a shard name'),
         (["sharding.shards={blue,blue}"], "blue is listed twice"),
         (["rbac.scope=namespace", "metrics.secure=true"], "metrics.secure needs rbac.scope"),
+        (
+            ["rbac.scope=namespace", "controller.namespaceSelector=pulumi"],
+            "controller.namespaceSelector needs rbac.scope=cluster",
+        ),
     ],
 )
 def test_values_that_cannot_work_are_refused_with_a_reason(

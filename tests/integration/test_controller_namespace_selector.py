@@ -1,0 +1,119 @@
+"""Namespaces selected by label (``PKOBATCH_NAMESPACE_SELECTOR``, docs/install.md#watched-
+namespaces) on the real control plane: the controller, under the RBAC of deploy/kustomize/base,
+watching every namespace, reconciles only the Stacks of namespaces whose labels match; a
+namespace that gains the label is picked up, one that loses it is left alone.
+
+A reconciled Stack shows it in its status (suspended Stacks: ``Ready`` with reason
+``Suspended``, no Job needed); one never reconciled has no status and no finalizer. Changes
+of one kind reach the controller in order on one watch, so a later Stack (or Namespace) that
+is reconciled proves the controller has taken every earlier change of that kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_harness import ControllerProcess, apply_stack, condition, wait_stack
+
+from pkobatch.api.constants import FINALIZER
+from pkobatch.kube.client import NAMESPACES, STACKS, Kube, NotFound
+
+pytestmark = pytest.mark.timeout(600)
+JSON = dict[str, Any]
+LABEL = "pkobatch-test/selected"
+
+
+def suspended(kube: Kube, namespace: str, name: str) -> None:
+    apply_stack(kube, namespace, name, {"stack": "dev", "suspend": True})
+
+
+def wait_reconciled(kube: Kube, namespace: str, name: str) -> None:
+    wait_stack(
+        kube,
+        namespace,
+        name,
+        lambda s: condition(s, "Ready").get("reason") == "Suspended",
+        timeout=120,
+        what=f"the controller to reconcile Stack {namespace}/{name}",
+    )
+
+
+def untouched(kube: Kube, namespace: str, name: str) -> bool:
+    stack = kube.get(STACKS, name, namespace)
+    return not stack.get("status") and FINALIZER not in (stack["metadata"].get("finalizers") or [])
+
+
+def label(kube: Kube, namespace: str, value: str | None) -> None:
+    kube.merge_patch(NAMESPACES, namespace, {"metadata": {"labels": {LABEL: value}}})
+
+
+@pytest.fixture
+def more_namespaces(kube: Kube, namespace: str) -> Iterator[list[str]]:
+    """Two namespaces besides the test's; every Stack of the three loses its finalizer at the
+    end (the controller has stopped, and may not have reconciled them), so each can go."""
+    names = [f"{namespace}-{suffix}"[:63] for suffix in ("b", "c")]
+    for name in names:
+        kube.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
+    try:
+        yield names
+    finally:
+        for name in [namespace, *names]:
+            for stack in kube.list_objects(STACKS, name)[0]:
+                kube.merge_patch(
+                    STACKS, stack["metadata"]["name"], {"metadata": {"finalizers": None}}, name
+                )
+        for name in names:
+            with contextlib.suppress(NotFound):
+                kube.delete(NAMESPACES, name)
+
+
+def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    more_namespaces: list[str],
+    tmp_path: Path,
+    controller_rbac: None,
+) -> None:
+    token = secrets.token_hex(4)
+    a, (b, c) = namespace, more_namespaces
+    label(kube, a, token)
+    controller = ControllerProcess(
+        cluster, "", tmp_path / "controller", {"PKOBATCH_NAMESPACE_SELECTOR": f"{LABEL}={token}"}
+    )
+    controller.start()
+    try:
+        suspended(kube, b, "s")
+        suspended(kube, a, "s")
+        wait_reconciled(kube, a, "s")
+        assert untouched(kube, b, "s")
+
+        # B gains the label: its Stack, unchanged since, is reconciled.
+        label(kube, b, token)
+        wait_reconciled(kube, b, "s")
+
+        # A loses it. C, whose Stack already exists, gains it afterwards: once C's Stack is
+        # reconciled, the controller has seen A's change too (one Namespace watch).
+        suspended(kube, c, "s")
+        label(kube, a, None)
+        label(kube, c, token)
+        wait_reconciled(kube, c, "s")
+        # A new Stack in A is left alone; one in B, created after it, is reconciled.
+        suspended(kube, a, "late")
+        suspended(kube, b, "barrier")
+        wait_reconciled(kube, b, "barrier")
+        assert untouched(kube, a, "late")
+        # Nothing of A was deleted or changed: its first Stack keeps its status and finalizer.
+        first = kube.get(STACKS, "s", a)
+        assert condition(first, "Ready").get("reason") == "Suspended"
+        assert FINALIZER in first["metadata"]["finalizers"]
+        assert f"namespace {b} selected" in controller.log_text()
+    finally:
+        controller.stop()
