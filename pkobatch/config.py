@@ -96,6 +96,14 @@ class JobSettings(BaseModel):
         "spec.jobTemplate and spec.workspaceTemplate.spec.podTemplate are merged in "
         "(docs/security.md); 'privileged' turns the check off",
     )
+    flux_max_untar_size_bytes: int | None = Field(
+        default=None,
+        ge=-1,
+        description="largest unpacked size of a Flux artifact, given to the runs of Stacks with "
+        "spec.fluxSource as FLUX_MAX_UNTAR_SIZE_BYTES (PKO's setting; -1: no bound; a Stack's "
+        "own spec.workspaceTemplate.spec.env entry wins); unset: PKOBATCH_MAX_ARTIFACT_BYTES "
+        "of the run, 512 MiB by default",
+    )
     # Runner command: overridden in development to run the local interpreter.
     command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
     runner_bundle: str = Field(

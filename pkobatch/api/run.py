@@ -87,6 +87,9 @@ DYNAMIC_ENV_VAR: Final = "PULUMI_ENV"
 # The run's Job's UID, from the pod label the Job controller sets (downward API): the runner
 # owns its result by it without reading the Job.
 JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"
+# PKO's bound on a Flux artifact's unpacked size, in bytes (-1: none): the controller gives it
+# to runs of its own setting (PKOBATCH_JOB__FLUX_MAX_UNTAR_SIZE_BYTES).
+MAX_UNTAR_SIZE_ENV: Final = "FLUX_MAX_UNTAR_SIZE_BYTES"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # Where the runner writes its result's digest: the container's terminationMessagePath (the
 # Job builder sets both to the same path; the local node agent maps it to a file of its own).
@@ -213,6 +216,9 @@ class FluxArtifact(_Model):
     revision: str
     # "<algorithm>:<hex>" (Flux's format); the runner refuses an artifact that differs.
     digest: str = ""
+    # sha256 hex: what Flux's source API published before ``digest`` (v1beta2 ``checksum``);
+    # verified when there is no digest.
+    checksum: str = ""
 
 
 # The key of a plan Secret that holds the gzip-compressed plan file.

@@ -88,6 +88,7 @@ from pkobatch.api.pod_security import Level, Violation, check_pod
 from pkobatch.api.run import (
     JOB_UID_ENV,
     JOB_UID_LABEL,
+    MAX_UNTAR_SIZE_ENV,
     TERMINATION_MESSAGE_PATH,
     TERMINATION_MESSAGE_PATH_ENV,
     ProjectInfo,
@@ -309,7 +310,15 @@ def _base_job(
     ) or settings.image_pull_policy
     if workspace is not None and workspace.resources is not None:
         container["resources"] = copy.deepcopy(workspace.resources)
+    # The controller's default bound comes first: a later entry of the same name (the
+    # template's, the Stack's) wins in the pod.
+    untar_limit = settings.flux_max_untar_size_bytes
     container["env"] = [
+        *(
+            [{"name": MAX_UNTAR_SIZE_ENV, "value": str(untar_limit)}]
+            if spec.flux_source is not None and untar_limit is not None
+            else []
+        ),
         *(container.get("env") or []),
         *workspace_env,
         *environment.env,

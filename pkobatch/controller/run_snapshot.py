@@ -124,6 +124,7 @@ def flux_artifact(source: Mapping[str, Any]) -> FluxArtifact | None:
         url=str(artifact["url"]),
         revision=str(artifact["revision"]),
         digest=str(artifact.get("digest") or ""),
+        checksum=str(artifact.get("checksum") or ""),
     )
 
 

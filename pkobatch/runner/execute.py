@@ -507,7 +507,7 @@ def _flux_source(run: _Run, spec: StackSpec, private: Path) -> Project:
             f"{ref.kind} {ref.name} had no artifact when this run was created",
         )
     run.log.step(f"downloading the artifact of {ref.kind} {ref.name} at {artifact.revision}")
-    unpacked = fetch_artifact(artifact, private, run.process_env)
+    unpacked = fetch_artifact(artifact, private, run.process_env, run.log.step)
     run.commit = artifact.revision
     directory = (unpacked / (spec.flux_source.dir or "")).resolve()
     if not directory.is_relative_to(unpacked.resolve()) or not directory.is_dir():

@@ -13,6 +13,7 @@ from test_controller_decide_program import snapshot_of
 from pkobatch.api.stack.spec import StackSpec
 from pkobatch.config import Settings
 from pkobatch.controller.decision import SourceObject
+from pkobatch.controller.run_pod import run_container
 from pkobatch.controller.steps.runs import run_refusal
 
 FLUX_SPEC: dict[str, Any] = {
@@ -146,3 +147,47 @@ def test_extra_kinds_must_be_kind_names() -> None:
         Settings(extra_flux_source_kinds=["helmcharts"])
     settings = Settings(extra_flux_source_kinds=["HelmChart", "GitRepository"])
     assert settings.flux_source_kinds == ("GitRepository", "OCIRepository", "Bucket", "HelmChart")
+
+
+def test_a_legacy_artifact_with_only_a_checksum_reaches_the_run_with_it() -> None:
+    legacy = repository("main/" + "2" * 40)
+    artifact = legacy["status"]["artifact"]
+    del artifact["digest"]
+    artifact["checksum"] = "b" * 64
+    w = world(SourceObject("GitRepository", "repo", legacy))
+    result = w.step()
+    assert result.create_job is not None
+    flux = snapshot_of(result.create_job).flux
+    assert flux is not None and (flux.digest, flux.checksum) == ("", "b" * 64)
+
+
+def run_env(job: dict[str, Any]) -> list[tuple[str, str]]:
+    container = run_container(job["spec"]["template"]["spec"])
+    return [(e["name"], e.get("value", "")) for e in container.get("env") or []]
+
+
+def test_the_controllers_untar_limit_reaches_flux_runs_and_a_stacks_own_entry_wins() -> None:
+    settings = Settings(job={"flux_max_untar_size_bytes": 1_048_576})
+    source = SourceObject("GitRepository", "repo", repository("main@sha1:" + "3" * 40))
+    w = World(FLUX_SPEC, settings=settings, head=None)
+    w.source, w.source_object = None, source
+    job = w.step().create_job
+    assert job is not None
+    assert ("FLUX_MAX_UNTAR_SIZE_BYTES", "1048576") in run_env(job)
+
+    spec = copy.deepcopy(FLUX_SPEC)
+    own = {"name": "FLUX_MAX_UNTAR_SIZE_BYTES", "value": "-1"}
+    spec["workspaceTemplate"] = {"spec": {"env": [own]}}
+    w = World(spec, settings=settings, head=None)
+    w.source, w.source_object = None, source
+    job = w.step().create_job
+    assert job is not None
+    entries = [value for name, value in run_env(job) if name == "FLUX_MAX_UNTAR_SIZE_BYTES"]
+    assert entries[-1] == "-1"  # the pod takes the last entry of a name
+
+
+def test_runs_of_other_sources_get_no_untar_limit() -> None:
+    w = World(settings=Settings(job={"flux_max_untar_size_bytes": 1_048_576}))
+    job = w.step().create_job
+    assert job is not None
+    assert "FLUX_MAX_UNTAR_SIZE_BYTES" not in dict(run_env(job))

@@ -180,6 +180,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
         "leaderElection.retryPeriod=10s",
         "controller.namespaces={team-a,team-b}",
         "controller.namespaceSelector=pulumi=enabled",
+        "flux.maxUntarSizeBytes=524288000",
         "settings.PKOBATCH_MAX_ACTIVE_JOBS=9",
         "settings.PKOBATCH_RETRY__MAX_FAILURES=5",
         "image.tag=1.2.3",
@@ -204,6 +205,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     assert settings.leader_election.lease_duration.total_seconds() == 60
     assert settings.namespaces == ["team-a", "team-b"]
     assert settings.namespace_selector == "pulumi=enabled"
+    assert settings.job.flux_max_untar_size_bytes == 524288000
     assert (settings.max_active_jobs, settings.retry.max_failures) == (9, 5)
     assert settings.log_level == "warning"
 
