@@ -191,3 +191,22 @@ def test_runs_of_other_sources_get_no_untar_limit() -> None:
     job = w.step().create_job
     assert job is not None
     assert "FLUX_MAX_UNTAR_SIZE_BYTES" not in dict(run_env(job))
+
+
+def test_a_run_of_an_artifact_with_nothing_to_verify_it_against_is_announced() -> None:
+    bare = repository("main@sha1:" + "4" * 40)
+    del bare["status"]["artifact"]["digest"]
+    w = world(SourceObject("GitRepository", "repo", bare))
+    result = w.step()
+    assert result.create_job is not None
+    warnings = [e for e in result.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["ArtifactUnverifiable"]
+    assert "neither a digest nor a checksum" in warnings[0].message
+    assert "PKOBATCH_ALLOW_UNVERIFIED_ARTIFACTS=true" in warnings[0].message
+
+
+def test_a_run_of_a_verifiable_artifact_raises_no_warning() -> None:
+    w = world(SourceObject("GitRepository", "repo", repository("main@sha1:" + "5" * 40)))
+    result = w.step()
+    assert result.create_job is not None
+    assert [e for e in result.events if e.type == "Warning"] == []

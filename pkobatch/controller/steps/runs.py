@@ -24,6 +24,7 @@ from pkobatch.config import Settings
 from pkobatch.controller.fold import changes_stack
 from pkobatch.controller.job_builder import RunObjects, build_run, job_name
 from pkobatch.controller.run_pod import JobBuildError
+from pkobatch.controller.run_snapshot import flux_artifact
 from pkobatch.controller.steps.draft import (
     DONE,
     NEXT,
@@ -35,6 +36,8 @@ from pkobatch.controller.steps.draft import (
 
 # How often to look again while waiting for a free run slot (it sends no event of its own).
 SLOT_RECHECK: Final = 30.0
+# pkobatch's: a run starts from a Flux artifact that has neither a digest nor a checksum.
+EVENT_ARTIFACT_UNVERIFIABLE: Final = "ArtifactUnverifiable"
 
 # The run whose Job ``run_refusal`` builds to check a Stack (the pod does not depend on it).
 _PROBE_RUN: Final = Run(
@@ -153,7 +156,25 @@ def start_run(draft: Draft, run: Run, reason: str) -> bool | Refold:
     if changes_stack(run):
         draft.reconciling(RECONCILING_PROCESSING_REASON, running_message(run, name))
     draft.event("Normal", EVENT_UPDATE_DETECTED, f"{reason}: starting {run.operation} {name}")
+    _warn_unverifiable_artifact(draft, name)
     return True
+
+
+def _warn_unverifiable_artifact(draft: Draft, job: str) -> None:
+    """A Warning Event when the run's Flux artifact carries nothing to verify it against."""
+    source = draft.obs.source_object
+    if draft.valid_spec().flux_source is None or source is None or source.obj is None:
+        return
+    artifact = flux_artifact(source.obj)
+    if artifact is None or artifact.digest or artifact.checksum:
+        return
+    draft.event(
+        "Warning",
+        EVENT_ARTIFACT_UNVERIFIABLE,
+        f"the artifact of {artifact.kind} {artifact.name} (revision {artifact.revision}) has "
+        f"neither a digest nor a checksum: run {job} refuses it unless its environment has "
+        "PKOBATCH_ALLOW_UNVERIFIED_ARTIFACTS=true, and then runs it unverified",
+    )
 
 
 def run_refusal(
