@@ -95,7 +95,6 @@ def build_manager(
     )
     stores.flux_sources = flux_sources
     stack_metrics = StackMetrics(metrics.registry)
-    stack_metrics.track_stores(stores)
     reconciler = reconciler_factory(kube, stores, settings, stack_metrics, QueueEnqueuer(queue))
     # The transforms keep only what the controller reads (``controller.cache_transforms``).
     # A shard's Jobs and results carry its label: each controller caches only its share.
@@ -131,7 +130,7 @@ def build_manager(
         ),
         Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks), resync=False),
     ]
-    return Manager(
+    manager = Manager(
         kube,
         queue,
         reconciler,
@@ -144,3 +143,6 @@ def build_manager(
         resync_period=settings.resync_period.total_seconds(),
         read_timeout=read_timeout,
     )
+    # Stacks of namespaces the controller does not reconcile are cached but not reported.
+    stack_metrics.track_stores(stores, manager.in_scope)
+    return manager

@@ -71,8 +71,12 @@ class StackMetrics:
     def events_dropped(self, count: int) -> None:
         self._events_dropped.inc(count)
 
-    def track_stores(self, stores: Stores) -> None:
-        self.registry.register(_StoreCollector(stores))
+    def track_stores(
+        self, stores: Stores, in_scope: Callable[[str], bool] = lambda _: True
+    ) -> None:
+        """Series of the cached Stacks and Programs of the namespaces ``in_scope`` accepts
+        (those the controller reconciles: PKOBATCH_NAMESPACE_SELECTOR)."""
+        self.registry.register(_StoreCollector(stores, in_scope))
 
     def track_admission(self, waiting: Callable[[], int], cap: int) -> None:
         """Export the cap on active Jobs and how many Stacks wait for a free slot."""
@@ -92,8 +96,12 @@ class _StoreCollector:
     """Per-Stack series, PKO's gauges and the active-Job count, read from the stores at
     scrape time."""
 
-    def __init__(self, stores: Stores) -> None:
+    def __init__(self, stores: Stores, in_scope: Callable[[str], bool]) -> None:
         self._stores = stores
+        self._in_scope = in_scope
+
+    def _scoped(self, objects: list[JSON]) -> list[JSON]:
+        return [o for o in objects if self._in_scope(str(o["metadata"].get("namespace", "")))]
 
     def collect(self) -> Iterator[Metric]:
         per_stack = ["namespace", "name"]
@@ -129,7 +137,7 @@ class _StoreCollector:
             "(status.lastUpdate.failures)",
             labels=per_stack,
         )
-        stacks = self._stores.stacks.list_objects()
+        stacks = self._scoped(self._stores.stacks.list_objects())
         for stack in stacks:
             meta = stack.get("metadata") or {}
             spec = stack.get("spec") or {}
@@ -158,7 +166,9 @@ class _StoreCollector:
         active_stacks = GaugeMetricFamily("stacks_active", "Number of Stacks (PKO's gauge)")
         active_stacks.add_metric([], float(len(stacks)))
         active_programs = GaugeMetricFamily("programs_active", "Number of Programs (PKO's gauge)")
-        active_programs.add_metric([], float(len(self._stores.programs.list_objects())))
+        active_programs.add_metric(
+            [], float(len(self._scoped(self._stores.programs.list_objects())))
+        )
         yield from (active_stacks, active_programs, failing, reconciling, info)
         yield from (stalled, drifted, failures)
         active = GaugeMetricFamily(

@@ -115,5 +115,10 @@ def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
         assert condition(first, "Ready").get("reason") == "Suspended"
         assert FINALIZER in first["metadata"]["finalizers"]
         assert f"namespace {b} selected" in controller.log_text()
+        # A's Stacks are cached but not reported: B's two and C's one are.
+        scraped = controller.scrape()
+        assert f'name="barrier",namespace="{b}"' in scraped
+        assert f'namespace="{a}"' not in scraped
+        assert controller.metric("stacks_active") == 3.0
     finally:
         controller.stop()

@@ -140,3 +140,25 @@ def test_operation_metrics_are_preinitialised_and_recorded() -> None:
         )
         == 42.0
     )
+
+
+def test_stacks_and_programs_of_namespaces_out_of_scope_are_not_reported() -> None:
+    metrics = StackMetrics(CollectorRegistry())
+    stores = Stores.empty()
+    metrics.track_stores(stores, lambda namespace: namespace == "selected")
+    stores.stacks.upsert(pko_stack("in", "selected", {}))
+    stores.stacks.upsert(pko_stack("out", "other", {}))
+    for namespace in ("selected", "other"):
+        stores.programs.upsert(
+            {"kind": "Program", "metadata": {"name": "p", "namespace": namespace}}
+        )
+    assert metrics.registry.get_sample_value("stacks_active") == 1.0
+    assert metrics.registry.get_sample_value("programs_active") == 1.0
+    assert (
+        metrics.registry.get_sample_value("stacks_failing", {"namespace": "selected", "name": "in"})
+        == 0.0
+    )
+    assert (
+        metrics.registry.get_sample_value("stacks_failing", {"namespace": "other", "name": "out"})
+        is None
+    )
