@@ -134,13 +134,17 @@ class Observer:
         # StackKey -> (uid, generation, answer) of the last run check (``_run_check``).
         self._run_checks: dict[StackKey, tuple[str, int, RunCheck | None]] = {}
 
+    def forget(self, key: StackKey) -> None:
+        """``key`` is gone or out of scope: stop polling its branch and watching its source."""
+        self._poller.forget(key)
+        self._release_flux_source(key)
+        self._run_checks.pop(key, None)
+
     def observe(self, key: StackKey, now: datetime) -> Observed | None:
         """What ``decide`` needs about ``key``; None when the Stack does not exist."""
         stack = self._stores.stacks.get(key.namespace, key.name)
         if stack is None:
-            self._poller.forget(key)
-            self._release_flux_source(key)
-            self._run_checks.pop(key, None)
+            self.forget(key)
             return None
         meta = stack.get("metadata") or {}
         uid = str(meta.get("uid") or "")

@@ -390,6 +390,11 @@ class StackReconciler:
         cached = self._stores.stacks.get(key.namespace, key.name)
         return str(((cached or {}).get("metadata") or {}).get("resourceVersion") or "")
 
+    def forget(self, key: StackKey) -> None:
+        """``key``'s namespace stopped matching the namespace selector: no branch polling or
+        Flux source watch on its behalf any more (``runtime.interfaces.Forgetful``)."""
+        self._observer.forget(key)
+
     def reconcile(self, key: StackKey) -> ReconcileResult:
         self._seed()
         cached = self._stores.stacks.get(key.namespace, key.name)

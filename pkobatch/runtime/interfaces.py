@@ -12,7 +12,8 @@ from the stores (level-based), and answers with a ``ReconcileResult`` or an exce
 Which objects' events wake which keys is the caller's business: a ``MapFunc`` per watched
 resource (controller-runtime's ``EnqueueRequestsFromMapFunc``). The runtime knows no kind.
 A reconciler that also has ``start()`` and ``stop()`` (``Service``) is started after the
-caches sync and stopped at shutdown.
+caches sync and stopped at shutdown; one with ``forget(key)`` (``Forgetful``) hears of keys
+that left the scope.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class Service(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Forgetful(Protocol):
+    """Optional: told when a key leaves the controller's scope (its namespace's labels stopped
+    matching), so the reconciler stops the work it does on the key's behalf between
+    reconciles (polling, watches). Its objects are not deleted: the key may come back."""
+
+    def forget(self, key: ObjectKey) -> None: ...
 
 
 class Enqueuer(Protocol):

@@ -16,8 +16,9 @@ Namespaces selected by label (``ManagerOptions.namespace_filter``): one more ref
 every Namespace (its name and labels only), and keys of a namespace whose labels the filter
 refuses are neither queued nor reconciled — the namespace's objects stay cached, so a
 namespace that gains matching labels has all its keys queued at once, without a new list.
-A namespace that loses them is left as it is: its keys stop being reconciled, nothing of it
-is deleted or changed.
+A namespace that loses them is left as it is: its keys are queued once more, to be dropped —
+a ``Forgetful`` reconciler forgets them (stops polling for them) — and are not reconciled
+again; nothing of it is deleted or changed.
 
 Resync (every ``resync_period``): every cached object goes through its watch's map function
 again, as an informer's resync delivers every object to its handlers; the queue coalesces.
@@ -43,6 +44,7 @@ from pkobatch.api.objects import JSON
 from pkobatch.kube.client import NAMESPACES, Kube, Resource
 from pkobatch.runtime.health import HttpEndpoints, Response, Route, health_routes
 from pkobatch.runtime.interfaces import (
+    Forgetful,
     MapFunc,
     ObjectKey,
     Reconciler,
@@ -142,15 +144,11 @@ def namespace_labels(namespace: JSON) -> JSON:
     }
 
 
-def newly_selected(selector: NamespaceFilter, old: JSON | None, new: JSON | None) -> bool:
-    """Did this change of a Namespace make its labels match ``selector``?"""
-
-    def selected(namespace: JSON | None) -> bool:
-        return namespace is not None and selector.matches(
-            (namespace.get("metadata") or {}).get("labels") or {}
-        )
-
-    return selected(new) and not selected(old)
+def selected(selector: NamespaceFilter, namespace: JSON | None) -> bool:
+    """Does ``selector`` select the (cached) Namespace? A deleted one (None) is not."""
+    return namespace is not None and selector.matches(
+        (namespace.get("metadata") or {}).get("labels") or {}
+    )
 
 
 class Stoppable(Protocol):
@@ -282,8 +280,7 @@ class Manager:
         selector = self._options.namespace_filter
         if selector is None:
             return True
-        cached = self.namespaces.get("", namespace)
-        return cached is not None and selector.matches(cached["metadata"]["labels"])
+        return selected(selector, self.namespaces.get("", namespace))
 
     def _in_scope(self, to_keys: MapFunc) -> MapFunc:
         if self._options.namespace_filter is None:
@@ -291,11 +288,12 @@ class Manager:
         return lambda obj: [key for key in to_keys(obj) if self.in_scope(key.namespace)]
 
     def _namespace_changed(self, old: JSON | None, new: JSON | None) -> None:
-        """A namespace whose labels now match: queue the keys of its cached objects."""
+        """A namespace that starts or stops matching: queue the keys of its cached objects,
+        to be reconciled, or dropped (``_InScope``: the reconciler forgets them)."""
         selector = self._options.namespace_filter
-        if new is None or selector is None or not newly_selected(selector, old, new):
+        if selector is None or selected(selector, old) == selected(selector, new):
             return
-        name = object_key(new).name
+        name = object_key(new or old or {}).name
         keys: set[ObjectKey] = set()
         for watch in self._watches:
             if watch.resync:
@@ -304,7 +302,8 @@ class Manager:
                         keys.update(watch.to_keys(obj))
         for key in keys:
             self.queue.add(key)
-        log.info("namespace %s selected: queued %d keys", name, len(keys))
+        state = "selected" if selected(selector, new) else "no longer selected"
+        log.info("namespace %s %s: queued %d keys", name, state, len(keys))
 
     @property
     def endpoint_ports(self) -> list[int]:
@@ -390,13 +389,16 @@ class Manager:
 
 class _InScope:
     """The reconciler, for keys of namespaces in scope; a key of another namespace (queued
-    before its namespace lost its labels, or by the reconciler itself) is dropped."""
+    when its namespace lost its labels, or by the reconciler's own timers and pollers) is
+    not reconciled, and a ``Forgetful`` reconciler forgets it."""
 
     def __init__(self, reconciler: Reconciler, in_scope: Callable[[str], bool]) -> None:
         self._reconciler = reconciler
         self._in_scope = in_scope
 
     def reconcile(self, key: ObjectKey) -> ReconcileResult:
-        if not self._in_scope(key.namespace):
-            return ReconcileResult()
-        return self._reconciler.reconcile(key)
+        if self._in_scope(key.namespace):
+            return self._reconciler.reconcile(key)
+        if isinstance(self._reconciler, Forgetful):
+            self._reconciler.forget(key)
+        return ReconcileResult()

@@ -114,7 +114,9 @@ def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
         first = kube.get(STACKS, "s", a)
         assert condition(first, "Ready").get("reason") == "Suspended"
         assert FINALIZER in first["metadata"]["finalizers"]
-        assert f"namespace {b} selected" in controller.log_text()
+        log = controller.log_text()
+        assert f"namespace {b} selected" in log
+        assert f"namespace {a} no longer selected" in log
         # A's Stacks are cached but not reported: B's two and C's one are.
         scraped = controller.scrape()
         assert f'name="barrier",namespace="{b}"' in scraped

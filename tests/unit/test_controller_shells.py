@@ -760,3 +760,34 @@ def test_the_approver_is_read_live_only_when_the_stack_approves_its_pending_plan
     observed = observer.observe(StackKey("ns", "app"), moment)
     assert observed is not None and live.asked == [("stacks", "app")]
     assert list(observed.managed_fields) == managed
+
+
+def test_a_stack_the_reconciler_forgets_is_no_longer_polled_for() -> None:
+    """``StackReconciler.forget`` (its namespace stopped matching the namespace selector)
+    drops the Stack's branch subscription, which observing it had made."""
+    from pkobatch.controller.observe import Observer
+    from pkobatch.controller.stores import Stores
+
+    git, clock, woken = FakeGit(), Clock(), []
+    poller = poller_of(git, clock, woken)
+    stores = Stores.empty()
+    stores.stacks.upsert(
+        {
+            "apiVersion": "pulumi.com/v1",
+            "kind": "Stack",
+            "metadata": {"name": "app", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"stack": "dev", "projectRepo": "https://g/x.git", "branch": "main"},
+        }
+    )
+    observer = Observer(LiveReads({}), stores, poller, Settings(), builtin_template())  # type: ignore[arg-type]
+    key = StackKey("ns", "app")
+    observer.observe(key, datetime.now(UTC))
+    settle(poller, woken)
+    assert git.calls == 1  # observing subscribed the Stack to its branch
+    observer.forget(key)
+    clock.now += 3600
+    poller.poll_due()
+    settle(poller, woken)
+    assert git.calls == 1
+    assert stores.stacks.get("ns", "app") is not None
+    poller.stop()

@@ -14,7 +14,7 @@ from pkobatch.runtime.manager import (
     ManagerOptions,
     Watch,
     namespace_labels,
-    newly_selected,
+    selected,
 )
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.store import Store, object_key
@@ -38,12 +38,18 @@ def stack(namespace: str, name: str) -> JSON:
 
 
 class Recorder:
+    """A reconciler that records the keys it reconciles and those it is told to forget."""
+
     def __init__(self) -> None:
         self.keys: list[ObjectKey] = []
+        self.forgotten: list[ObjectKey] = []
 
     def reconcile(self, key: ObjectKey) -> ReconcileResult:
         self.keys.append(key)
         return ReconcileResult(requeue_after=60)
+
+    def forget(self, key: ObjectKey) -> None:
+        self.forgotten.append(key)
 
 
 def manager(recorder: Recorder, stacks: Store, **options: Any) -> Manager:
@@ -74,14 +80,11 @@ def test_the_namespace_cache_keeps_only_the_name_and_labels() -> None:
     }
 
 
-def test_a_namespace_is_newly_selected_when_its_labels_start_to_match() -> None:
-    on, off = namespace("a", pulumi="enabled"), namespace("a", pulumi="off")
-    assert newly_selected(SELECTOR, None, on)
-    assert newly_selected(SELECTOR, off, on)
-    assert not newly_selected(SELECTOR, on, on)
-    assert not newly_selected(SELECTOR, on, off)
-    assert not newly_selected(SELECTOR, None, off)
-    assert not newly_selected(SELECTOR, on, None)
+def test_a_namespace_is_selected_while_it_exists_with_matching_labels() -> None:
+    assert selected(SELECTOR, namespace_labels(namespace("a", pulumi="enabled")))
+    assert not selected(SELECTOR, namespace_labels(namespace("a", pulumi="off")))
+    assert not selected(SELECTOR, namespace_labels(namespace("a")))
+    assert not selected(SELECTOR, None)
 
 
 def test_without_a_namespace_filter_every_namespace_is_in_scope_and_none_is_watched() -> None:
@@ -102,28 +105,39 @@ def test_keys_of_a_namespace_whose_labels_do_not_match_are_not_reconciled() -> N
     built._workers.process(ObjectKey("off", "s"))
     built._workers.process(ObjectKey("on", "s"))
     assert recorder.keys == [ObjectKey("on", "s")]
+    assert recorder.forgotten == [ObjectKey("off", "s")]
 
 
-def test_a_namespace_that_gains_its_labels_queues_its_cached_stacks() -> None:
+def test_a_namespace_that_gains_or_loses_its_labels_queues_its_cached_stacks() -> None:
     stacks = Store()
     for key in (("a", "one"), ("a", "two"), ("b", "other")):
         stacks.upsert(stack(*key))
-    built = manager(Recorder(), stacks, namespace_filter=SELECTOR)
+    recorder = Recorder()
+    built = manager(recorder, stacks, namespace_filter=SELECTOR)
     unlabelled = namespace_labels(namespace("a"))
     labelled = namespace_labels(namespace("a", pulumi="enabled"))
+    a_keys = {ObjectKey("a", "one"), ObjectKey("a", "two")}
     built.namespaces.upsert(unlabelled)
     built._namespace_changed(None, unlabelled)
     assert drain(built.queue) == set()
     built.namespaces.upsert(labelled)
     built._namespace_changed(unlabelled, labelled)
-    assert drain(built.queue) == {ObjectKey("a", "one"), ObjectKey("a", "two")}
+    assert drain(built.queue) == a_keys
     built._namespace_changed(labelled, labelled)  # an update that keeps the labels
     assert drain(built.queue) == set()
+    # Losing them queues the keys once more: the worker has the reconciler forget them.
     built.namespaces.upsert(unlabelled)
-    built._namespace_changed(labelled, unlabelled)  # losing them queues nothing
-    assert drain(built.queue) == set()
+    built._namespace_changed(labelled, unlabelled)
+    for key in drain(built.queue):
+        built._workers.process(key)
+    assert set(recorder.forgotten) == a_keys and recorder.keys == []
     assert not built.in_scope("a")
     assert stacks.get("a", "one") is not None  # its objects stay cached
+    built.namespaces.upsert(labelled)
+    built._namespace_changed(unlabelled, labelled)
+    built.namespaces.delete(labelled)
+    built._namespace_changed(labelled, None)  # deleted: its keys go to be forgotten
+    assert drain(built.queue) == a_keys
 
 
 def test_a_resync_queues_only_keys_in_scope() -> None:
