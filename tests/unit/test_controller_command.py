@@ -29,6 +29,10 @@ from pkobatch.controller.command import controller_command
         ([], {"PKOBATCH_RECEIVER__RECEIVERS": "a=github,a=gitlab"}, "named twice"),
         ([], {"PKOBATCH_RECEIVER__ADDR": "8090"}, "PKOBATCH_RECEIVER__ADDR"),
         ([], {"PKOBATCH_RECEIVER__RATE": "0"}, "PKOBATCH_RECEIVER__RATE"),
+        # A namespace selector is parsed at start-up, by flag or variable.
+        (["--namespace-selector", "team in (a"], {}, "PKOBATCH_NAMESPACE_SELECTOR"),
+        ([], {"PKOBATCH_NAMESPACE_SELECTOR": "=x"}, "is not a requirement"),
+        ([], {"PKOBATCH_JOB__FLUX_MAX_UNTAR_SIZE_BYTES": "-2"}, "FLUX_MAX_UNTAR_SIZE_BYTES"),
     ],
 )
 def test_invalid_settings_exit_2_with_the_variable_named(
