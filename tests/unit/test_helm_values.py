@@ -403,7 +403,9 @@ def test_helm_lint_passes_with_every_value_of_this_module_set(
             "extraVolumeMounts": [{"name": "cache", "mountPath": "/cache"}],
             "initContainers": [container],
             "extraContainers": [container | {"name": "sidecar"}],
+            "namespaceSelector": "team in (infra,data),!legacy",
         },
+        "flux": {"maxUntarSizeBytes": -1},
         "serviceMonitor": {
             "enabled": True,
             "relabelings": [{"targetLabel": "cluster", "replacement": "eu-1"}],
