@@ -9,6 +9,13 @@ Layers, each applied over the previous one, each a function of ``build_run``:
 3. ``spec.workspaceTemplate.spec.podTemplate`` (``_apply_workspace_template``);
 4. ``spec.jobTemplate`` (pkobatch: labels, annotations, pod spec fields;
    ``_apply_job_template``);
+
+   both merged as the API server applies a strategic merge patch
+   (``pkobatch.api.strategic_merge``: merge keys, ``$patch`` directives), as PKO merges its
+   pod template. The parts of PKO's workspace pod that pkobatch's pod has under the same name
+   (container ``pulumi``, volume ``share``) mean the same there; PKO's init containers
+   ``bootstrap`` and ``fetch`` have no counterpart, and a pod template that names them is
+   refused (``PKO_INIT_CONTAINERS``);
 5. the invariants again (name, labels, owner, ``restartPolicy: Never``, ``backoffLimit: 0``:
    ``_apply_invariants``; deadline and TTL: ``_apply_run_bounds``), so no template can break
    the run contract;
@@ -97,6 +104,15 @@ from pkobatch.api.run import (
 )
 from pkobatch.api.stack.base import MAX_SPEC_SECONDS
 from pkobatch.api.stack.spec import JobTemplate, StackSpec, WorkspaceTemplateSpec
+from pkobatch.api.strategic_merge import (
+    DIRECTIVE,
+    POD_SPEC,
+    POD_TEMPLATE,
+    SET_ELEMENT_ORDER,
+    Path,
+    StrategicMergeError,
+    strategic_merge,
+)
 from pkobatch.config import JobSettings
 from pkobatch.controller.run_credentials import (
     InlineSecrets,
@@ -105,6 +121,7 @@ from pkobatch.controller.run_credentials import (
     run_secret_name,
 )
 from pkobatch.controller.run_pod import (
+    BUNDLE_INIT_CONTAINER,
     JobBuildError,
     replace_run_container,
     run_container,
@@ -127,6 +144,22 @@ ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
 # The label that ties a run input (Secret, snapshot ConfigMap) to its Job. Inputs carry no
 # managed-by label: the controller's ConfigMap cache (managed-by selector) must not hold them.
 RUN_INPUT_LABEL: Final = f"{PREFIX}/run-input-of"
+WORKSPACE_POD_TEMPLATE: Final = "spec.workspaceTemplate.spec.podTemplate"
+JOB_POD_SPEC: Final = "spec.jobTemplate.spec"
+# PKO's init containers (its workspace pod, operator/internal/controller/auto/
+# workspace_controller.go): what each does, and what a template writes for pkobatch instead.
+PKO_INIT_CONTAINERS: Final = {
+    "bootstrap": (
+        "copies PKO's agent into the pod; pkobatch's runner needs no agent (an image other than "
+        f"the runner image gets the runner from the init container {BUNDLE_INIT_CONTAINER!r}, "
+        "which takes the run container's resources and a restricted security context)"
+    ),
+    "fetch": (
+        "fetches the source; pkobatch fetches it inside the run container "
+        f"{RUN_CONTAINER_NAME!r}: put what the fetch needs (env, envFrom, volumeMounts) on "
+        f"containers[name={RUN_CONTAINER_NAME}] or in spec.workspaceTemplate.spec.env"
+    ),
+}
 
 
 def short_hash(*parts: str, length: int = _HASH_LENGTH) -> str:
@@ -190,36 +223,6 @@ def parse_template(text: str, source: str) -> JSON:
 
 def builtin_template() -> JSON:
     return parse_template(_builtin_template_text(), f"pkobatch/controller/{TEMPLATE_RESOURCE}")
-
-
-def merge_named(base: Any, patch: Any) -> Any:
-    """Merge ``patch`` over ``base`` like a strategic merge of pod specs.
-
-    Maps merge recursively; lists whose items all have a ``name`` (containers, env,
-    volumes, volumeMounts) merge item by item; any other list, and scalars, are replaced.
-    Returns a new value; the inputs are not modified.
-    """
-    if isinstance(base, dict) and isinstance(patch, dict):
-        merged = copy.deepcopy(base)
-        for key, value in patch.items():
-            merged[key] = merge_named(base[key], value) if key in base else copy.deepcopy(value)
-        return merged
-    if isinstance(base, list) and isinstance(patch, list) and _named(base) and _named(patch):
-        merged_list = copy.deepcopy(base)
-        positions = {item["name"]: index for index, item in enumerate(merged_list)}
-        for item in patch:
-            if item["name"] in positions:
-                index = positions[item["name"]]
-                merged_list[index] = merge_named(merged_list[index], item)
-            else:
-                positions[item["name"]] = len(merged_list)
-                merged_list.append(copy.deepcopy(item))
-        return merged_list
-    return copy.deepcopy(patch)
-
-
-def _named(items: list[Any]) -> bool:
-    return all(isinstance(item, dict) and "name" in item for item in items)
 
 
 @dataclass(frozen=True)
@@ -343,23 +346,68 @@ def _base_job(
 
 
 def _apply_workspace_template(job: JSON, workspace: WorkspaceTemplateSpec | None) -> None:
-    """Layer 3: ``spec.workspaceTemplate.spec.podTemplate`` merged over the pod template."""
+    """Layer 3: ``spec.workspaceTemplate.spec.podTemplate`` merged over the pod template as
+    PKO merges it over its workspace pod: a strategic merge in which the base's init
+    containers stay ahead of the template's (PKO adds ``$setElementOrder/initContainers``)."""
     if workspace is None or not workspace.pod_template:
         return
     pod_template: JSON = job["spec"]["template"]
-    patched = merge_named(pod_template, workspace.pod_template)
+    patch = copy.deepcopy(workspace.pod_template)
+    patch_spec = patch.get("spec")
+    if isinstance(patch_spec, dict):
+        _refuse_pko_init_containers(patch_spec)
+        _base_init_containers_first(pod_template.get("spec") or {}, patch_spec)
+    patched = _merged(pod_template, patch, WORKSPACE_POD_TEMPLATE, POD_TEMPLATE)
     pod_template.clear()
     pod_template.update(patched)
 
 
+def _refuse_pko_init_containers(patch_spec: JSON) -> None:
+    for item in patch_spec.get("initContainers") or []:
+        name = item.get("name") if isinstance(item, dict) else None
+        if name in PKO_INIT_CONTAINERS:
+            raise JobBuildError(
+                f"{WORKSPACE_POD_TEMPLATE}.spec.initContainers[name={name}]: PKO's init "
+                f"container {name!r} {PKO_INIT_CONTAINERS[name]}; remove this entry"
+            )
+
+
+def _base_init_containers_first(base_spec: JSON, patch_spec: JSON) -> None:
+    order_key = f"{SET_ELEMENT_ORDER}/initContainers"
+    added = patch_spec.get("initContainers")
+    if not isinstance(added, list) or order_key in patch_spec:
+        return
+    named = [
+        item["name"]
+        for item in [*(base_spec.get("initContainers") or []), *added]
+        if isinstance(item, dict) and "name" in item and DIRECTIVE not in item
+    ]
+    patch_spec[order_key] = [{"name": name} for name in named]
+
+
+def _merged(base: JSON, patch: JSON, field: str, root: Path) -> JSON:
+    try:
+        merged = strategic_merge(base, patch, root)
+    except StrategicMergeError as exc:
+        raise JobBuildError(
+            f"{field} is not a valid strategic merge patch: {exc}; fix it "
+            "(docs/api.md, 'Pod templates: the strategic merge')"
+        ) from None
+    if not isinstance(merged, dict):
+        raise JobBuildError(f"{field} must be a map")
+    return merged
+
+
 def _apply_job_template(job: JSON, job_template: JobTemplate | None) -> None:
-    """Layer 4: ``spec.jobTemplate``'s pod spec merged over the pod's, its labels and
-    annotations added to the Job's and the pod's."""
+    """Layer 4: ``spec.jobTemplate``'s pod spec merged over the pod's (a strategic merge, as
+    layer 3), its labels and annotations added to the Job's and the pod's."""
     if job_template is None:
         return
     pod_template: JSON = job["spec"]["template"]
     if job_template.spec:
-        pod_template["spec"] = merge_named(pod_template.get("spec") or {}, job_template.spec)
+        pod_template["spec"] = _merged(
+            pod_template.get("spec") or {}, job_template.spec, JOB_POD_SPEC, POD_SPEC
+        )
     if job_template.metadata is not None:
         for field in ("labels", "annotations"):
             extra = getattr(job_template.metadata, field) or {}

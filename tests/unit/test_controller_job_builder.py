@@ -27,7 +27,6 @@ from pkobatch.controller.job_builder import (
     build_run,
     builtin_template,
     job_name,
-    merge_named,
     owned_by_job,
     parse_template,
     stack_label_value,
@@ -746,16 +745,83 @@ def test_custom_template_defaults_are_kept() -> None:
     assert container(job)["resources"] == {"limits": {"memory": "1Gi"}}
 
 
-def test_merge_named_merges_named_lists_and_replaces_others() -> None:
-    base = {"a": {"b": 1}, "named": [{"name": "x", "v": 1}, {"name": "y"}], "plain": [1, 2]}
-    patch = {"a": {"c": 2}, "named": [{"name": "x", "w": 2}, {"name": "z"}], "plain": [3]}
-    merged = merge_named(base, patch)
-    assert merged == {
-        "a": {"b": 1, "c": 2},
-        "named": [{"name": "x", "v": 1, "w": 2}, {"name": "y"}, {"name": "z"}],
-        "plain": [3],
-    }
-    assert base["named"][0] == {"name": "x", "v": 1}
+def test_pod_templates_merge_as_a_strategic_merge_patch() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "env": [{"name": "DROP_ME", "value": "1"}],
+                    "podTemplate": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "pulumi",
+                                    # Replaces the template's requests instead of adding to them.
+                                    "resources": {"$patch": "replace", "limits": {"memory": "1Gi"}},
+                                }
+                            ],
+                            "enableServiceLinks": None,
+                        }
+                    },
+                }
+            },
+            "jobTemplate": {
+                "spec": {
+                    "containers": [
+                        {"name": "pulumi", "env": [{"name": "DROP_ME", "$patch": "delete"}]}
+                    ]
+                }
+            },
+        }
+    )
+    assert container(job)["resources"] == {"limits": {"memory": "1Gi"}}
+    assert "enableServiceLinks" not in pod_spec(job)
+    assert "DROP_ME" not in env(job)
+
+
+def test_a_pod_template_that_names_pkos_init_containers_is_refused() -> None:
+    for name, instead in (
+        ("fetch", "containers\\[name=pulumi\\]"),
+        ("bootstrap", "pkobatch-runner"),
+    ):
+        patch = {"spec": {"initContainers": [{"name": name, "resources": {}}]}}
+        with pytest.raises(JobBuildError, match=f"PKO's init container '{name}' .*{instead}"):
+            build({"workspaceTemplate": {"spec": {"podTemplate": patch}}})
+
+
+def test_the_templates_init_containers_stay_ahead_of_the_pod_templates_as_in_pko() -> None:
+    template = parse_template(
+        "kind: Job\n"
+        "spec:\n"
+        "  template:\n"
+        "    spec:\n"
+        "      initContainers: [{name: proxy, image: p}]\n"
+        "      containers: [{name: pulumi}]\n",
+        "t.yaml",
+    )
+    extra = {"name": "extra", "image": "busybox"}
+    patch = {"spec": {"initContainers": [extra]}}
+    spec = StackSpec.model_validate(
+        {
+            "stack": "dev",
+            "workspaceTemplate": {"spec": {"image": PULUMI_IMAGE, "podTemplate": patch}},
+        }
+    )
+    job = build_run(stack(), spec, RUN, JobSettings(), template).job
+    names = [c["name"] for c in pod_spec(job)["initContainers"]]
+    assert names == ["pkobatch-runner", "proxy", "extra"]
+
+
+def test_an_invalid_pod_template_patch_is_refused_naming_the_field() -> None:
+    bad = {"spec": {"containers": [{"$patch": "merge", "name": "pulumi"}]}}
+    with pytest.raises(
+        JobBuildError, match=r"spec\.workspaceTemplate\.spec\.podTemplate is not a valid"
+    ):
+        build({"workspaceTemplate": {"spec": {"podTemplate": bad}}})
+    with pytest.raises(
+        JobBuildError, match=r"spec\.jobTemplate\.spec is not a valid .*merge key 'name'"
+    ):
+        build({"jobTemplate": {"spec": {"containers": [{"image": "x"}]}}})
 
 
 def test_no_secret_values_can_be_in_a_job() -> None:
