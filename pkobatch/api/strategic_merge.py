@@ -8,8 +8,10 @@ nulls dropped), so pkobatch merges it over the run's pod template the same way:
 - a list merges item by item only where Kubernetes declares a patch strategy ``merge`` for it
   (``POD_TEMPLATE_LISTS``: containers by ``name``, volumeMounts by ``mountPath``, ports by
   ``containerPort``, ...); every other list (``tolerations``, ``args``, ``envFrom``, ...) is
-  replaced. Items of a merged list that only the patch has come *first*, then the base's,
-  unless ``$setElementOrder/<list>`` says otherwise (apimachinery's ordering rule);
+  replaced. The merged list keeps the base's order among the base's items and the patch's
+  among the patch's; a base item goes first only where the base places it before the patch
+  item it meets, so items only the patch has usually come first (apimachinery's ordering
+  rule), unless ``$setElementOrder/<list>`` says otherwise;
 - directives: ``$patch: replace`` / ``$patch: delete`` on a map or a list item,
   ``$retainKeys``, ``$setElementOrder/<list>``, ``$deleteFromPrimitiveList/<list>``.
 
@@ -20,8 +22,8 @@ server's own dry-run PATCH by ``tests/integration/test_strategic_merge_server.py
 
 The API server rejects a field the pod types do not have only where base and patch both hold
 a map or a list under it; this module, which has the list table but not every field, merges
-such a field as any other and leaves it to the Job's creation to refuse it. What the server
-drops when it decodes the result into a typed object — keys starting with ``$`` that no
+such a field as any other (the API server drops it, with a warning, from the Job). What the
+server drops when it decodes the result into a typed object — keys starting with ``$`` that no
 directive consumed, ``null`` values — is dropped here too.
 """
 
