@@ -15,7 +15,8 @@ equal: ``test_strategic_merge_matches_the_api_server`` for ``strategic_merge`` i
 ``test_the_jobs_pod_template_is_the_api_servers_merge`` for the Job that ``build_run`` makes
 with the patch as ``spec.workspaceTemplate.spec.podTemplate`` — for patches that leave alone
 what pkobatch sets after the merge (docs/api.md: the run container's command, arguments and
-own variables, the init containers, the runner's resources).
+own variables, the init containers, the runner's resources). A patch the server refuses to
+apply, pkobatch refuses too (``test_what_the_api_server_refuses_is_refused``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import pytest
 
 from pkobatch.api.run import Run
 from pkobatch.api.stack.spec import StackSpec
-from pkobatch.api.strategic_merge import strategic_merge
+from pkobatch.api.strategic_merge import StrategicMergeError, strategic_merge
 from pkobatch.config import JobSettings
 from pkobatch.controller.job_builder import build_run, parse_template
-from pkobatch.kube.client import Kube, Resource
+from pkobatch.kube.client import Kube, KubeError, Resource
 
 JSON = dict[str, Any]
 PODTEMPLATES = Resource("", "v1", "podtemplates", "PodTemplate")
@@ -106,6 +107,25 @@ PKO_CUSTOM_WORKSPACE: JSON = {
             },
             {"name": "state", "persistentVolumeClaim": {"claimName": "state"}},
         ],
+    },
+}
+
+
+# Patches the API server refuses to apply, as pkobatch must.
+INVALID_PATCHES: dict[str, JSON] = {
+    "a merged list item without its merge key": {"spec": {"containers": [{"image": "x"}]}},
+    "$patch: merge in a list item": {"spec": {"volumes": [{"name": "cache", "$patch": "merge"}]}},
+    "an unknown $patch on a map": {"spec": {"nodeSelector": {"$patch": "drop"}}},
+    "a field missing from $retainKeys": {
+        "spec": {
+            "volumes": [{"name": "cache", "$retainKeys": ["name"], "configMap": {"name": "c"}}]
+        }
+    },
+    "an order that contradicts $setElementOrder": {
+        "spec": {
+            "$setElementOrder/volumes": [{"name": "cache"}],
+            "volumes": [{"name": "other", "emptyDir": {}}],
+        }
     },
 }
 
@@ -297,3 +317,13 @@ def test_the_jobs_pod_template_is_the_api_servers_merge(
             container["args"] = run["args"]
     expected = server_merge(kube, namespace, base, copy.deepcopy(patch))
     assert defaulted(kube, namespace, built) == expected
+
+
+@pytest.mark.parametrize("case", list(INVALID_PATCHES))
+def test_what_the_api_server_refuses_is_refused(kube: Kube, namespace: str, case: str) -> None:
+    patch = INVALID_PATCHES[case]
+    base = job_pod_template(None)
+    with pytest.raises(KubeError):
+        server_merge(kube, namespace, base, copy.deepcopy(patch))
+    with pytest.raises(StrategicMergeError):
+        strategic_merge(base, patch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from pkobatch.api.run import (
 from pkobatch.api.stack.base import MAX_SPEC_SECONDS
 from pkobatch.api.stack.spec import StackSpec
 from pkobatch.config import JobSettings, Settings
+from pkobatch.controller.decide import decide
+from pkobatch.controller.decision import Observed
 from pkobatch.controller.job_builder import (
     RUN_ANNOTATION,
     RunObjects,
@@ -787,6 +790,27 @@ def test_a_pod_template_that_names_pkos_init_containers_is_refused() -> None:
         patch = {"spec": {"initContainers": [{"name": name, "resources": {}}]}}
         with pytest.raises(JobBuildError, match=f"PKO's init container '{name}' .*{instead}"):
             build({"workspaceTemplate": {"spec": {"podTemplate": patch}}})
+
+
+def test_the_refusal_of_a_pko_init_container_stalls_the_stack_with_its_message() -> None:
+    patch = {"spec": {"initContainers": [{"name": "fetch", "env": [{"name": "HTTPS_PROXY"}]}]}}
+    obj = {
+        **stack(),
+        "spec": {
+            "stack": "dev",
+            "projectRepo": "https://g/r.git",
+            "branch": "main",
+            "workspaceTemplate": {"spec": {"podTemplate": patch}},
+        },
+    }
+    obj["metadata"]["finalizers"] = ["finalizer.stack.pulumi.com"]
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    observed = Observed(stack=obj, jobs=[], results={}, now=now, source=None)
+    result = decide(observed, Settings(), builtin_template())
+    assert result.create_job is None
+    stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["reason"] == "SpecInvalid"
+    assert "initContainers[name=fetch]: PKO's init container 'fetch'" in stalled["message"]
 
 
 def test_the_templates_init_containers_stay_ahead_of_the_pod_templates_as_in_pko() -> None:
