@@ -104,15 +104,15 @@ POD_SPEC: Final[Path] = ("spec",)
 
 def strategic_merge(
     base: Mapping[str, Any], patch: Mapping[str, Any], root: Path = POD_TEMPLATE
-) -> Any:
+) -> dict[str, Any]:
     """``patch`` applied to ``base`` as the API server applies a strategic merge patch.
 
     ``root`` is where both sit in a PodTemplateSpec: ``POD_TEMPLATE`` (the template itself) or
-    ``POD_SPEC`` (its ``spec``). Returns a new value (a map, or whatever a top-level
-    ``$patch: replace`` gives); the inputs are not modified. Raises ``StrategicMergeError``.
+    ``POD_SPEC`` (its ``spec``). Returns a new map; the inputs are not modified. Raises
+    ``StrategicMergeError``.
     """
     merged = _merge_map(copy.deepcopy(dict(base)), copy.deepcopy(dict(patch)), root)
-    return _decoded(merged)
+    return _decoded_map(merged)
 
 
 def _where(path: Path) -> str:
@@ -485,11 +485,15 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def _decoded(value: Any) -> Any:
+def _decoded_map(value: dict[str, Any]) -> dict[str, Any]:
     """What the API server keeps when it decodes the merged map into a typed object: no
     directive keys (no pod field starts with ``$``) and no ``null`` values."""
+    return {k: _decoded(v) for k, v in value.items() if not k.startswith("$") and v is not None}
+
+
+def _decoded(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _decoded(v) for k, v in value.items() if not k.startswith("$") and v is not None}
+        return _decoded_map(value)
     if isinstance(value, list):
         return [_decoded(v) for v in value]
     return value

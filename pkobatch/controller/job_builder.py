@@ -387,15 +387,12 @@ def _base_init_containers_first(base_spec: JSON, patch_spec: JSON) -> None:
 
 def _merged(base: JSON, patch: JSON, field: str, root: Path) -> JSON:
     try:
-        merged = strategic_merge(base, patch, root)
+        return strategic_merge(base, patch, root)
     except StrategicMergeError as exc:
         raise JobBuildError(
             f"{field} is not a valid strategic merge patch: {exc}; fix it "
             "(docs/api.md, 'Pod templates: the strategic merge')"
         ) from None
-    if not isinstance(merged, dict):
-        raise JobBuildError(f"{field} must be a map")
-    return merged
 
 
 def _apply_job_template(job: JSON, job_template: JobTemplate | None) -> None:
