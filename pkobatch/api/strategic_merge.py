@@ -243,7 +243,7 @@ def _check_order(patch_list: list[Any], order: list[Any], key: str | None, path:
     """Every item of the patch list must appear in ``$setElementOrder``, in the same order."""
     if not patch_list or not order:
         return
-    items = _without_deletions(patch_list, key, path)[0] if key else patch_list
+    items = _without_deletions(patch_list, path)[0] if key else patch_list
     index = position = 0
     while index < len(items) and position < len(order):
         if isinstance(items[index], dict) and DIRECTIVE in items[index]:
@@ -331,9 +331,8 @@ def _find(items: list[Any], key: str, value: Any) -> int | None:
     return None
 
 
-def _without_deletions(
-    items: list[Any], key: str | None, path: Path
-) -> tuple[list[Any], list[Any]]:
+def _without_deletions(items: list[Any], path: Path) -> tuple[list[Any], list[Any]]:
+    """The items, and apart the ``$patch: delete`` ones."""
     kept: list[Any] = []
     deleted: list[Any] = []
     for item in items:
@@ -347,17 +346,17 @@ def _partition(
     merged: list[Any], partition_by: list[Any], key: str | None, path: Path
 ) -> tuple[list[Any], list[Any]]:
     """The merged items named by ``partition_by`` (the patch or its order), and the rest."""
+    if key is not None:
+        for other in partition_by:
+            if not isinstance(other, dict):
+                raise StrategicMergeError(f"{_where(path)}: item {other!r} must be a map")
     named: list[Any] = []
     rest: list[Any] = []
     for item in merged:
         if key is None:
             found = any(_same(item, other) for other in partition_by)
         else:
-            value = _merge_value(item, key, path)
-            for other in partition_by:
-                if not isinstance(other, dict):
-                    raise StrategicMergeError(f"{_where(path)}: item {other!r} must be a map")
-            found = any(key in o and _same(o[key], value) for o in partition_by)
+            found = _find(partition_by, key, _merge_value(item, key, path)) is not None
         (named if found else rest).append(item)
     return named, rest
 
@@ -372,7 +371,8 @@ def _normalize_order(
     path: Path,
 ) -> list[Any]:
     """apimachinery's order: the patch's items in the patch's order, the base's in the base's,
-    then interleaved — a base item goes first only where both lists place it earlier."""
+    then interleaved — a base item goes before a patch item only where the base has both and
+    places it earlier."""
     in_patch = _sorted_by(in_patch, patch_order, key, kind, path)
     server_only = _sorted_by(server_only, server_order, key, kind, path)
 
@@ -406,7 +406,7 @@ def _sorted_by(
     if kind is dict:
         for item in [*items, *order]:
             _merge_value(item, key, path)
-        items, deleted = _without_deletions(items, key, path)
+        items, deleted = _without_deletions(items, path)
     ranked = sorted(items, key=lambda item: _index(order, item, key, kind))
     return [*ranked, *deleted]
 
