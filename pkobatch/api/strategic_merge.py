@@ -29,7 +29,6 @@ directive consumed, ``null`` values — is dropped here too.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -111,8 +110,19 @@ def strategic_merge(
     ``POD_SPEC`` (its ``spec``). Returns a new map; the inputs are not modified. Raises
     ``StrategicMergeError``.
     """
-    merged = _merge_map(copy.deepcopy(dict(base)), copy.deepcopy(dict(patch)), root)
+    merged = _merge_map(_copied(dict(base)), _copied(dict(patch)), root)
     return _decoded_map(merged)
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a JSON value in which no map or list is shared: unlike ``copy.deepcopy``,
+    which keeps the sharing (a builder may put one env var into every container), so merging
+    into one would change the others — decoded JSON shares nothing."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
 
 
 def _where(path: Path) -> str:

@@ -22,6 +22,8 @@ apply, pkobatch refuses too (``test_what_the_api_server_refuses_is_refused``).
 from __future__ import annotations
 
 import copy
+import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -279,11 +281,14 @@ def defaulted(kube: Kube, namespace: str, template: JSON) -> JSON:
     return result
 
 
-def server_merge(kube: Kube, namespace: str, base: JSON, patch: JSON) -> JSON:
-    """The API server's strategic merge of ``patch`` onto ``base`` (a dry-run PATCH)."""
-    name = "base"
+def server_merge(
+    kube: Kube, namespace: str, base: JSON, patch: JSON, *, name: str = "base"
+) -> JSON:
+    """The API server's strategic merge of ``patch`` onto ``base`` (a dry-run PATCH of a
+    PodTemplate ``name`` holding ``base``, created unless it exists)."""
     body = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": base}
-    kube.request("POST", PODTEMPLATES.path(namespace), body=body)
+    if kube.get_or_none(PODTEMPLATES, name, namespace) is None:
+        kube.request("POST", PODTEMPLATES.path(namespace), body=body)
     patched = kube.request(
         "PATCH",
         PODTEMPLATES.path(namespace, name),
@@ -327,3 +332,116 @@ def test_what_the_api_server_refuses_is_refused(kube: Kube, namespace: str, case
         server_merge(kube, namespace, base, copy.deepcopy(patch))
     with pytest.raises(StrategicMergeError):
         strategic_merge(base, patch)
+
+
+# Randomised patches (seeded: a failure names its seed) over the base's merged lists.
+RANDOM_PATCHES = 60
+
+
+def keyed_list_patch(
+    rng: random.Random,
+    names: list[str],
+    key: str,
+    make: Callable[[str], JSON],
+    *,
+    deletions: bool = True,
+    replace: bool = True,
+) -> list[JSON]:
+    """Some of ``names`` in a random order: changed or new items, deletions, maybe a replace."""
+    items: list[JSON] = []
+    for name in rng.sample(names, rng.randint(1, len(names))):
+        if deletions and rng.random() < 0.2:
+            items.append({key: name, "$patch": "delete"})
+        else:
+            items.append(make(name))
+    if replace and rng.random() < 0.1:
+        items.insert(rng.randrange(len(items) + 1), {"$patch": "replace"})
+    return items
+
+
+def element_order(rng: random.Random, patch: list[JSON], base: list[JSON], key: str) -> list[JSON]:
+    """A ``$setElementOrder`` list: the patch's items in the patch's order, with some of the
+    base's others put in at random places."""
+    named = [item[key] for item in patch if "$patch" not in item]
+    for name in [item[key] for item in base if item[key] not in named]:
+        if rng.random() < 0.7:
+            named.insert(rng.randrange(len(named) + 1), name)
+    return [{key: name} for name in named]
+
+
+def random_patch(rng: random.Random, base: JSON) -> JSON:
+    spec: JSON = {}
+    base_spec = base["spec"]
+    [base_run] = [c for c in base_spec["containers"] if c["name"] == "pulumi"]
+    lists: list[tuple[JSON, str, list[JSON], list[JSON], str]] = []
+
+    env = keyed_list_patch(
+        rng,
+        [e["name"] for e in base_run["env"]] + ["NEW1", "NEW2", "NEW3"],
+        "name",
+        # null drops a valueFrom the base has (one may not have both).
+        lambda name: {"name": name, "value": str(rng.randrange(100)), "valueFrom": None},
+    )
+    run: JSON = {"name": "pulumi", "env": env}
+    lists.append((run, "env", env, base_run["env"], "name"))
+    aliases = keyed_list_patch(
+        rng,
+        [f"10.0.0.{n}" for n in range(1, 5)],
+        "ip",
+        lambda ip: {"ip": ip, "hostnames": [f"h{rng.randrange(9)}.internal"]},
+    )
+    lists.append((spec, "hostAliases", aliases, base_spec["hostAliases"], "ip"))
+    secrets = keyed_list_patch(
+        rng, ["registry", "m1", "m2", "m3"], "name", lambda name: {"name": name}
+    )
+    lists.append((spec, "imagePullSecrets", secrets, base_spec["imagePullSecrets"], "name"))
+    # Volumes the pod mounts stay: new ones come, the unmounted cache may change its source.
+    volumes = keyed_list_patch(
+        rng,
+        ["extra1", "extra2", "extra3"],
+        "name",
+        lambda name: {"name": name, "emptyDir": {"sizeLimit": f"{rng.randrange(1, 9)}Mi"}},
+        replace=False,
+    )
+    if rng.random() < 0.3:
+        volumes.insert(
+            rng.randrange(len(volumes) + 1),
+            {
+                "name": "cache",
+                "$retainKeys": ["name", "emptyDir"],
+                "emptyDir": {"medium": "Memory"},
+            },
+        )
+    lists.append((spec, "volumes", volumes, base_spec["volumes"], "name"))
+    for owner, field, items, base_items, key in lists:
+        owner[field] = items
+        if rng.random() < 0.3:
+            owner[f"$setElementOrder/{field}"] = element_order(rng, items, base_items, key)
+    spec["containers"] = [run]
+    if rng.random() < 0.3:
+        spec["tolerations"] = [{"key": f"t{rng.randrange(5)}", "operator": "Exists"}]
+    labels = {name: rng.choice([None, "v"]) for name in rng.sample(["team", "a", "b"], 2)}
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def test_randomised_patches_merge_as_on_the_api_server(kube: Kube, namespace: str) -> None:
+    """Both merge a patch alike, or both refuse it."""
+    base = job_pod_template(None)
+    mismatches = []
+    refused = 0
+    for seed in range(RANDOM_PATCHES):
+        patch = random_patch(random.Random(seed), base)
+        try:
+            expected: JSON | None = server_merge(kube, namespace, base, copy.deepcopy(patch))
+        except KubeError:
+            expected = None
+        try:
+            merged: JSON | None = defaulted(kube, namespace, strategic_merge(base, patch))
+        except StrategicMergeError:
+            merged = None
+        refused += expected is None
+        if merged != expected:
+            mismatches.append((seed, patch, expected, merged))
+    assert mismatches == []
+    # Most patches are merged, so the comparison is of merges, not of refusals.
+    assert refused < RANDOM_PATCHES // 4

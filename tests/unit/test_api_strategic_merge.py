@@ -156,6 +156,18 @@ def test_the_pod_spec_root_finds_the_same_lists() -> None:
     assert [c["name"] for c in merged["containers"]] == ["side", "pulumi"]
 
 
+def test_a_map_the_base_shares_between_places_is_merged_in_one_place_only() -> None:
+    shared = {"name": "PULUMI_ENV", "value": "/share/.env"}
+    base = pod(
+        initContainers=[{"name": "init", "env": [shared]}],
+        containers=[{"name": "pulumi", "env": [shared]}],
+    )
+    patch = pod(containers=[{"name": "pulumi", "env": [{"name": "PULUMI_ENV", "value": "x"}]}])
+    merged = strategic_merge(base, patch)["spec"]
+    assert merged["initContainers"][0]["env"] == [shared]
+    assert merged["containers"][0]["env"] == [{"name": "PULUMI_ENV", "value": "x"}]
+
+
 def test_inputs_are_not_modified() -> None:
     patch = pod(containers=[{"name": "pulumi", "env": [{"$patch": "replace"}]}])
     before = repr(BASE), repr(patch)
