@@ -24,7 +24,12 @@ The API server rejects a field the pod types do not have only where base and pat
 a map or a list under it; this module, which has the list table but not every field, merges
 such a field as any other (the API server drops it, with a warning, from the Job). What the
 server drops when it decodes the result into a typed object — keys starting with ``$`` that no
-directive consumed, ``null`` values — is dropped here too.
+directive consumed, ``null`` values — is dropped here too. A patch that both adds a value to
+a scalar list and deletes it (``$deleteFromPrimitiveList``) gets from the API server a result
+that depends on Go's map order; here the patch's key order decides. The order apimachinery
+gives a ``$setElementOrder`` list depends on how its merge reused the base's Go slice; that is
+followed for lists of maps (``_base_as_apimachinery_sees_it``), not for the one merged scalar
+list of a pod template (``finalizers``), whose result also depends on the slice's capacity.
 """
 
 from __future__ import annotations
@@ -229,10 +234,34 @@ def _apply_element_orders(original: dict[str, Any], patch: dict[str, Any], path:
             continue
         kind = _element_kind([*base_list, *patch_list], child)
         in_order, server_only = _partition(merged, order, key, child)
-        original[field] = _normalize_order(
-            in_order, server_only, order, base_list, key, kind, child
-        )
+        seen = base_list
+        if in_original and in_patch and kind is dict and key and strategy and strategy.merges:
+            seen = _base_as_apimachinery_sees_it(base_list, patch_list, key)
+        original[field] = _normalize_order(in_order, server_only, order, seen, key, kind, child)
         patch.pop(field, None)
+
+
+def _base_as_apimachinery_sees_it(base: list[Any], patch: list[Any], key: str) -> list[Any]:
+    """The base list by which apimachinery orders a ``$setElementOrder`` list: the merge before
+    it deletes and appends items in the base's own Go slice, so the base, as the ordering step
+    reads it, has its items shifted left over each deleted one (the last one repeated) and, in
+    the places the deletions freed, the first new items of the patch."""
+    seen = list(base)
+    current = list(base)
+    for item in patch:
+        if item.get(DIRECTIVE) == _DELETE and key in item:
+            while (index := _find(current, key, item[key])) is not None:
+                del current[index]
+                seen[index : len(current)] = current[index:]
+    if any(item.get(DIRECTIVE) == _REPLACE for item in patch):
+        return seen
+    for item in patch:
+        if DIRECTIVE in item or key not in item or _find(current, key, item[key]) is not None:
+            continue
+        if len(current) < len(seen):
+            seen[len(current)] = item
+        current.append(item)
+    return seen
 
 
 def _list_at(obj: dict[str, Any], field: str, path: Path) -> list[Any]:

@@ -16,7 +16,7 @@ equal: ``test_strategic_merge_matches_the_api_server`` for ``strategic_merge`` i
 with the patch as ``spec.workspaceTemplate.spec.podTemplate`` — for patches that leave alone
 what pkobatch sets after the merge (docs/api.md: the run container's command, arguments and
 own variables, the init containers, the runner's resources). A patch the server refuses to
-apply, pkobatch refuses too (``test_what_the_api_server_refuses_is_refused``), and 60 seeded
+apply, pkobatch refuses too (``test_what_the_api_server_refuses_is_refused``), and 200 seeded
 random patches of the base's merged lists (changes, additions, deletions, replaces, nulls,
 ``$retainKeys``, ``$setElementOrder``) are merged alike or refused alike
 (``test_randomised_patches_merge_as_on_the_api_server``).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -242,6 +242,17 @@ MERGE_ONLY_PATCHES: dict[str, JSON] = {
             "initContainers": [{"name": "late", "image": "busybox"}],
         }
     },
+    "$setElementOrder with a deletion (apimachinery orders by its shifted base)": {
+        "spec": {
+            "containers": [
+                {
+                    "name": "pulumi",
+                    "$setElementOrder/env": [{"name": "NEW"}, {"name": "FIRST"}],
+                    "env": [{"name": "NEW", "value": "n"}, {"name": "SECOND", "$patch": "delete"}],
+                }
+            ]
+        }
+    },
     "resources merged into the run container": run_container(
         resources={"limits": {"memory": "1Gi"}, "requests": {"cpu": None}}
     ),
@@ -338,14 +349,14 @@ def test_what_the_api_server_refuses_is_refused(kube: Kube, namespace: str, case
 
 
 # Randomised patches (seeded: a failure names its seed) over the base's merged lists.
-RANDOM_PATCHES = 60
+RANDOM_PATCHES = 200
 
 
 def keyed_list_patch(
     rng: random.Random,
-    names: list[str],
+    names: Sequence[Any],
     key: str,
-    make: Callable[[str], JSON],
+    make: Callable[[Any], JSON],
     *,
     deletions: bool = True,
     replace: bool = True,
@@ -385,8 +396,15 @@ def random_patch(rng: random.Random, base: JSON) -> JSON:
         # null drops a valueFrom the base has (one may not have both).
         lambda name: {"name": name, "value": str(rng.randrange(100)), "valueFrom": None},
     )
-    run: JSON = {"name": "pulumi", "env": env}
+    ports = keyed_list_patch(
+        rng,
+        [8080, 9000, 9001, 9002],
+        "containerPort",
+        lambda port: {"containerPort": port, "protocol": rng.choice(["TCP", "UDP"])},
+    )
+    run: JSON = {"name": "pulumi", "env": env, "ports": ports}
     lists.append((run, "env", env, base_run["env"], "name"))
+    lists.append((run, "ports", ports, base_run["ports"], "containerPort"))
     aliases = keyed_list_patch(
         rng,
         [f"10.0.0.{n}" for n in range(1, 5)],
@@ -424,7 +442,15 @@ def random_patch(rng: random.Random, base: JSON) -> JSON:
     if rng.random() < 0.3:
         spec["tolerations"] = [{"key": f"t{rng.randrange(5)}", "operator": "Exists"}]
     labels = {name: rng.choice([None, "v"]) for name in rng.sample(["team", "a", "b"], 2)}
-    return {"metadata": {"labels": labels}, "spec": spec}
+    metadata: JSON = {"labels": labels}
+    finalizers = [f"example.com/{x}" for x in "abcd"]
+    if rng.random() < 0.5:
+        metadata["finalizers"] = rng.sample(finalizers, rng.randint(1, 3))
+    others = [f for f in finalizers if f not in metadata.get("finalizers", [])]
+    if rng.random() < 0.5:
+        # Not a value the patch also adds: the server's result would depend on Go's map order.
+        metadata["$deleteFromPrimitiveList/finalizers"] = rng.sample(others, 1)
+    return {"metadata": metadata, "spec": spec}
 
 
 def test_randomised_patches_merge_as_on_the_api_server(kube: Kube, namespace: str) -> None:

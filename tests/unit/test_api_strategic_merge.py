@@ -129,6 +129,24 @@ def test_set_element_order_orders_the_merged_list() -> None:
         )
 
 
+def test_set_element_order_with_a_deletion_orders_by_the_base_as_apimachinery_leaves_it() -> None:
+    env = [{"name": n, "value": n} for n in ("A", "B", "C", "D")]
+    base = pod(containers=[{"name": "pulumi", "env": env}])
+    patch = pod(
+        containers=[
+            {
+                "name": "pulumi",
+                "$setElementOrder/env": [{"name": "NEW"}, {"name": "A"}],
+                "env": [{"name": "NEW", "value": "n"}, {"name": "B", "$patch": "delete"}],
+            }
+        ]
+    )
+    merged = strategic_merge(base, patch)["spec"]["containers"][0]["env"]
+    # Deleting B shifts C and D left in apimachinery's base slice and NEW lands in the freed
+    # last place, so C and D now rank before NEW: they come first.
+    assert [e["name"] for e in merged] == ["C", "D", "NEW", "A"]
+
+
 def test_delete_from_primitive_list_and_scalar_lists_merge_as_sets() -> None:
     merged = strategic_merge(
         BASE, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"], "finalizers": ["b", "c"]}}
