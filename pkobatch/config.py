@@ -246,6 +246,35 @@ class ReceiverSettings(BaseModel):
         return dict(entry.split("=", 1) for entry in self.receivers)
 
 
+class ProgramServerSettings(BaseModel):
+    """Where Programs' artifacts are served, and the URL their ``status.artifact`` gives
+    (docs/api.md#program): ``http://<service>.<service_namespace>.svc:<service_port>``."""
+
+    addr: str = Field(
+        default="0",
+        description="HOST:PORT or :PORT the Program artifact server listens on (only while "
+        "this replica leads; the install manifests set :9090, PKO's port); empty or '0': "
+        "artifacts are not served, status.artifact is still kept",
+    )
+    service: str = Field(
+        default="pkobatch-controller",
+        description="the Service in front of the artifact server: the host of status.artifact.url",
+    )
+    service_namespace: str = Field(
+        default="", description="the Service's namespace; default: the controller pod's"
+    )
+    service_port: int = Field(default=80, ge=1, le=65535, description="the Service's port")
+
+    @field_validator("addr")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _host_port(value)
+
+    @property
+    def enabled(self) -> bool:
+        return self.addr not in ("", "0")
+
+
 class LeaderElectionSettings(BaseModel):
     enabled: bool = False
     lease_name: str = "pkobatch-controller"
@@ -330,6 +359,7 @@ class Settings(BaseSettings):
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     receiver: ReceiverSettings = Field(default_factory=ReceiverSettings)
+    programs: ProgramServerSettings = Field(default_factory=ProgramServerSettings)
     metrics_addr: str = ":8080"
     metrics_secure: bool = Field(
         default=False,

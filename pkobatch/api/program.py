@@ -14,15 +14,24 @@ How a Program reaches a run, and why:
   the Program, so an edit during a run cannot change that run, and a Stack never runs a
   half-applied version (a Program is one API object, read at one generation). A large
   program rides along with the snapshot wherever the snapshot goes.
-- ``status.artifact`` is kept by the controller for Flux compatibility: ``revision`` is the
-  generation, ``digest``/``size`` those of the rendered ``Pulumi.yaml``, and ``url``/``path``
-  name the Program object in the API (pkobatch serves no files: the program travels in
-  the snapshot, not over a file server).
+- For tools outside pkobatch (Flux-aware tools, PKO-style consumers) the controller keeps
+  every Program's ``status.artifact`` as PKO's program-controller does, and serves the
+  artifact over HTTP (``pkobatch.controller.program_artifacts``): a ``.tar.gz`` holding
+  only ``Pulumi.yaml`` (``program_tarball``), at
+  ``<base url>/programs/<namespace>/<name>/<generation>``. ``revision`` is the generation,
+  ``digest``/``size`` those of the tarball, ``path`` is
+  ``programs/<namespace>/<name>/<generation>.tar.gz`` (PKO's forms). The tarball is
+  deterministic — fixed mtime, owner and mode, no gzip timestamp or file name — so the
+  digest in the status is the sha256 of every download of that generation, and nothing is
+  stored: it is rebuilt from the cached Program on each request.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
+import tarfile
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, Literal
@@ -39,6 +48,10 @@ PROGRAM_PLURAL: Final = "programs"
 PROGRAM_SINGULAR: Final = "program"
 # The runtime of every Program (a Pulumi YAML project).
 PROGRAM_RUNTIME: Final = "yaml"
+# The one file of a Program's artifact.
+PROJECT_FILE: Final = "Pulumi.yaml"
+# Where a Program's artifact is served, under the server's base URL (PKO's layout).
+PROGRAMS_PATH: Final = "programs"
 
 ConfigurationType = Literal["String", "Number", "List<Number>", "List<String>"]
 
@@ -136,18 +149,44 @@ def render_project(name: str, body: Mapping[str, Any]) -> str:
     return yaml.safe_dump(project, sort_keys=False)
 
 
-def program_artifact(program: Mapping[str, Any], now: datetime) -> Artifact:
-    """The ``status.artifact`` of a Program (see the module docstring)."""
+def program_tarball(program: Mapping[str, Any]) -> bytes:
+    """A Program's artifact: ``Pulumi.yaml`` in a gzipped tar, the same bytes every time
+    for the same name and body (see the module docstring).
+
+    Raises ``ValueError`` for a body outside PKO's schema (``render_project``)."""
+    name = str((program.get("metadata") or {}).get("name") or "")
+    project = render_project(name, program.get("program") or {}).encode()
+    entry = tarfile.TarInfo(PROJECT_FILE)
+    entry.size, entry.mode, entry.mtime = len(project), 0o644, 0
+    entry.uid = entry.gid = 0
+    entry.uname = entry.gname = ""
+    packed = io.BytesIO()
+    with (
+        gzip.GzipFile(filename="", fileobj=packed, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
+        tar.addfile(entry, io.BytesIO(project))
+    return packed.getvalue()
+
+
+def program_artifact_path(namespace: str, name: str, generation: str) -> str:
+    """The URL path, below the server's base URL, of a Program generation's artifact."""
+    return f"{PROGRAMS_PATH}/{namespace}/{name}/{generation}"
+
+
+def program_artifact(program: Mapping[str, Any], base_url: str, now: datetime) -> Artifact:
+    """The ``status.artifact`` of a Program served under ``base_url`` (see the module
+    docstring). Raises ``ValueError`` for a body outside PKO's schema."""
     meta = program.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    rendered = render_project(name, program.get("program") or {}).encode()
+    tarball = program_tarball(program)
     revision = program_revision(program)
-    path = f"programs/{namespace}/{name}/{revision}"
+    path = program_artifact_path(namespace, name, revision)
     return Artifact(
-        digest="sha256:" + hashlib.sha256(rendered).hexdigest(),
+        digest="sha256:" + hashlib.sha256(tarball).hexdigest(),
         last_update_time=format_time(now),
-        path=path,
+        path=f"{path}.tar.gz",
         revision=revision,
-        size=len(rendered),
-        url=f"kubernetes:///apis/pulumi.com/v1/namespaces/{namespace}/programs/{name}",
+        size=len(tarball),
+        url=f"{base_url.rstrip('/')}/{path}",
     )

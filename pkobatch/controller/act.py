@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from pkobatch.api.constants import (
@@ -35,7 +34,6 @@ from pkobatch.api.constants import (
     SHARD_LABEL,
 )
 from pkobatch.api.objects import JSON
-from pkobatch.api.program import program_artifact
 from pkobatch.controller.decision import Decision
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.job_builder import owned_by_job
@@ -153,28 +151,15 @@ class Actor:
                     field_manager=FIELD_MANAGER_CONTROLLER,
                 )
 
-    def record_program_artifact(self, program: Mapping[str, Any], now: datetime) -> None:
-        """Keep a Program's ``status.artifact`` at its current generation (PKO's
-        program-controller does the same; see ``pkobatch.api.program``)."""
-        meta = program.get("metadata") or {}
-        generation = meta.get("generation")
-        if (program.get("status") or {}).get("observedGeneration") == generation:
-            return
-        try:
-            artifact = program_artifact(program, now)
-        except ValueError:
-            return  # not a valid program: the Stacks using it report why
+    def record_program_status(self, namespace: str, name: str, status: JSON) -> None:
+        """Write a Program's ``status`` (``program_artifacts.program_status``); a Program
+        deleted meanwhile needs none."""
         with contextlib.suppress(NotFound):
             self._kube.merge_patch(
                 PROGRAMS,
-                str(meta.get("name")),
-                {
-                    "status": {
-                        "artifact": artifact.to_manifest(),
-                        "observedGeneration": generation,
-                    }
-                },
-                str(meta.get("namespace")),
+                name,
+                {"status": status},
+                namespace,
                 subresource="status",
                 field_manager=FIELD_MANAGER_CONTROLLER,
             )

@@ -3,8 +3,10 @@ generic runtime (``pkobatch.runtime``).
 
 ``build_manager`` says what is watched (Stacks by the label selector and the controller's
 shard, in the namespaces the namespace list and selector give; Jobs and ConfigMaps labelled
-managed-by pkobatch, of the same shard; Programs; the Flux source kinds Stacks name, while
-they do) and which Stack each watched object wakes (``pkobatch.controller.stores``).
+managed-by pkobatch, of the same shard; Programs, each of which the main controller also
+reconciles (its ``status.artifact``, ``controller.program_artifacts``); the Flux source
+kinds Stacks name, while they do) and which Stack each watched object wakes
+(``pkobatch.controller.stores``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import (
     Stores,
     owning_stack,
+    program_and_stacks_naming_it,
     stacks_naming_flux_source,
     stacks_naming_program,
     the_stack,
@@ -128,7 +131,17 @@ def build_manager(
             cache_result,
             resync=False,
         ),
-        Watch(PROGRAMS, stores.programs, stacks_naming_program(stores.stacks), resync=False),
+        # The main controller keeps every Program's status.artifact (a shard only wakes its
+        # Stacks: ``controller.program_artifacts``); a resync rechecks them, writing nothing
+        # when they are current.
+        Watch(
+            PROGRAMS,
+            stores.programs,
+            program_and_stacks_naming_it(stores.stacks)
+            if not settings.shard
+            else stacks_naming_program(stores.stacks),
+            resync=not settings.shard,
+        ),
     ]
     manager = Manager(
         kube,
@@ -145,4 +158,6 @@ def build_manager(
     )
     # Stacks of namespaces the controller does not reconcile are cached but not reported.
     stack_metrics.track_stores(stores, manager.in_scope)
+    if isinstance(reconciler, StackReconciler):
+        reconciler.program_artifacts.serve_only(manager.in_scope)
     return manager

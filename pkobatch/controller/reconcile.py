@@ -3,8 +3,9 @@
 ``build_reconciler(kube, stores, settings, metrics, enqueuer)`` is the factory the
 composition root (``composition.build_manager``) calls. The reconciler is a ``Service``:
 ``start()`` starts the shared branch poller and, when configured, the push receiver
-(``controller.receiver``, which makes the poller fetch a pushed branch now); ``stop()``
-stops them.
+(``controller.receiver``, which makes the poller fetch a pushed branch now) and the Program
+artifact server; ``stop()`` stops them. A ``ProgramKey`` is not a Stack's: its reconcile
+keeps that Program's ``status.artifact`` (``controller.program_artifacts``).
 
 Shared state lives here, never in ``decide``:
 
@@ -41,13 +42,15 @@ from pkobatch.controller.fold import metric_result
 from pkobatch.controller.job_builder import builtin_template, parse_template
 from pkobatch.controller.observe import Observer
 from pkobatch.controller.polling import GitPoller
+from pkobatch.controller.program_artifacts import ProgramArtifacts
 from pkobatch.controller.receiver import PushReceiver
 from pkobatch.controller.run_pod import JobBuildError
 from pkobatch.controller.sharding import handover
 from pkobatch.controller.stack_metrics import StackMetrics
-from pkobatch.controller.stores import StackKey, Stores, stack_name_of
+from pkobatch.controller.stores import ProgramKey, StackKey, Stores, stack_name_of
 from pkobatch.kube.client import STACKS, Conflict, Kube, NotFound
 from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult
+from pkobatch.runtime.manager import default_lease_namespace
 
 if TYPE_CHECKING:
     from pkobatch.config import Settings
@@ -348,6 +351,9 @@ class StackReconciler:
             [*settings.namespaces] or [None],
             self._events,
         )
+        self.program_artifacts = ProgramArtifacts(
+            self._actor, stores.programs, settings.programs, default_lease_namespace(), clock
+        )
         self._seeded = False
 
     # -- Service ---------------------------------------------------------------------------
@@ -359,8 +365,10 @@ class StackReconciler:
         self.poller.start()
         if self.receiver is not None:
             self.receiver.start()
+        self.program_artifacts.start()
 
     def stop(self) -> None:
+        self.program_artifacts.stop()
         if self.receiver is not None:
             self.receiver.stop()
         self.poller.stop()
@@ -396,6 +404,8 @@ class StackReconciler:
         self._observer.forget(key)
 
     def reconcile(self, key: StackKey) -> ReconcileResult:
+        if isinstance(key, ProgramKey):
+            return self.program_artifacts.reconcile(key)
         self._seed()
         cached = self._stores.stacks.get(key.namespace, key.name)
         version = self._cached_version(key)
@@ -421,9 +431,6 @@ class StackReconciler:
             except StaleStack:
                 return ReconcileResult(requeue_after=CONFLICT_RETRY)
             self._actor.relabel(key.namespace, relabels)
-        source = observed.source_object
-        if source is not None and source.kind == "Program" and source.obj is not None:
-            self._actor.record_program_artifact(source.obj, observed.now)
         decision = decide(observed, self._settings, self._template)
         if decision.error:
             log.error("deciding for stack %s failed (a bug): %s", key, decision.error)

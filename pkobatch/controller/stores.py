@@ -41,6 +41,11 @@ StackKey = ObjectKey
 """The key of a Stack: its namespace and name."""
 
 
+class ProgramKey(ObjectKey):
+    """The key of a Program whose ``status.artifact`` is kept: one work queue serves both
+    kinds, and a ``ProgramKey`` never equals the ``StackKey`` of a Stack of the same name."""
+
+
 def stack_name_of(obj: JSON) -> str | None:
     """The name of the Stack ``obj`` belongs to (itself, for a Stack); None when unknown."""
     meta = obj.get("metadata") or {}
@@ -151,6 +156,18 @@ def stacks_naming_program(stacks: Store) -> MapFunc:
                 and reference.get("name") == name
             ):
                 yield StackKey(namespace, str(stack_meta.get("name", "")))
+
+    return keys
+
+
+def program_and_stacks_naming_it(stacks: Store) -> MapFunc:
+    """A Program's event wakes the Program itself (its ``status.artifact``) and the Stacks
+    that name it (``stacks_naming_program``)."""
+    stacks_of = stacks_naming_program(stacks)
+
+    def keys(program: JSON) -> Iterator[ObjectKey]:
+        yield ProgramKey(*_namespace_and_name(program))
+        yield from stacks_of(program)
 
     return keys
 

@@ -10,6 +10,7 @@ says it is ready (caches synced, or standing by for leadership) and 503 otherwis
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import threading
@@ -20,6 +21,8 @@ from typing import Any, Final
 
 Response = tuple[int, Mapping[str, str], bytes]
 Route = Callable[[Mapping[str, str]], Response]
+# A GET route for every path below a prefix: it gets the rest of the path, then the headers.
+PrefixRoute = Callable[[str, Mapping[str, str]], Response]
 # A client that sends nothing for this long is dropped (one thread per connection).
 SOCKET_TIMEOUT: Final = 30.0
 # The most of a refused POST's body read (and dropped) before answering.
@@ -68,7 +71,8 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class HttpEndpoints:
-    """Serve ``routes`` (path -> handler) on ``address`` until ``stop()``; ``post``, if
+    """Serve ``routes`` (path -> handler) on ``address`` until ``stop()``; a path no route
+    names goes to the ``prefix_routes`` handler of its first matching prefix; ``post``, if
     given, answers every POST; HTTPS with ``ssl_context``."""
 
     def __init__(
@@ -77,14 +81,24 @@ class HttpEndpoints:
         routes: Mapping[str, Route],
         post: PostRoute | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        prefix_routes: Mapping[str, PrefixRoute] | None = None,
     ) -> None:
         routes = dict(routes)
+        prefixes = dict(prefix_routes or {})
+
+        def route_of(path: str) -> Route | None:
+            if path in routes:
+                return routes[path]
+            for prefix, handler in prefixes.items():
+                if path.startswith(prefix):
+                    return functools.partial(handler, path[len(prefix) :])
+            return None
 
         class Handler(BaseHTTPRequestHandler):
             timeout = SOCKET_TIMEOUT
 
             def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
+                route = route_of(self.path.split("?", 1)[0])
                 if route is None:
                     status, headers, body = 404, PLAIN_TEXT, b"not found\n"
                 else:

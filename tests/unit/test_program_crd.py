@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import io
+import tarfile
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +21,7 @@ from pkobatch.api.crd import (
     generate_program_crd,
     render_program_crd_yaml,
 )
-from pkobatch.api.program import ProgramBody, program_artifact, render_project
+from pkobatch.api.program import ProgramBody, program_artifact, program_tarball, render_project
 from pkobatch.cli.crds import crds_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,14 +144,44 @@ def test_render_project_refuses_keys_outside_pkos_schema() -> None:
     ProgramBody.model_validate(PKO_EXAMPLE["program"])
 
 
-def test_artifact_revision_is_the_generation_and_digest_the_rendered_project() -> None:
+def test_artifact_has_pkos_revision_path_and_url_forms_and_the_tarballs_digest() -> None:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    artifact = program_artifact(PKO_EXAMPLE, now)
-    rendered = render_project("random-yaml", PKO_EXAMPLE["program"]).encode()
+    artifact = program_artifact(PKO_EXAMPLE, "http://pkobatch-controller.ops.svc:80/", now)
+    tarball = program_tarball(PKO_EXAMPLE)
     assert artifact.revision == "3"
-    assert artifact.size == len(rendered)
-    assert artifact.digest is not None and artifact.digest.startswith("sha256:")
+    assert artifact.size == len(tarball)
+    assert artifact.digest == "sha256:" + hashlib.sha256(tarball).hexdigest()
     assert artifact.last_update_time == "2026-01-02T03:04:05Z"
-    assert artifact.path == "programs/default/random-yaml/3"
+    assert artifact.path == "programs/default/random-yaml/3.tar.gz"
+    assert artifact.url == "http://pkobatch-controller.ops.svc:80/programs/default/random-yaml/3"
     edited = {**PKO_EXAMPLE, "program": {"outputs": {"a": 1}}}
-    assert program_artifact(edited, now).digest != artifact.digest
+    assert program_artifact(edited, "http://x", now).digest != artifact.digest
+
+
+def test_the_tarball_holds_only_the_rendered_project_with_fixed_metadata() -> None:
+    tarball = program_tarball(PKO_EXAMPLE)
+    assert tarball[4:8] == b"\0\0\0\0", "the gzip header carries no timestamp"
+    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+        (entry,) = tar.getmembers()
+        project = tar.extractfile(entry)
+        assert project is not None
+        assert project.read().decode() == render_project("random-yaml", PKO_EXAMPLE["program"])
+    assert (entry.name, entry.mtime, entry.uid, entry.gid, entry.uname, entry.gname) == (
+        "Pulumi.yaml",
+        0,
+        0,
+        0,
+        "",
+        "",
+    )
+    assert entry.isreg() and entry.mode == 0o644
+
+
+def test_the_tarball_is_the_same_bytes_every_time_and_differs_with_the_body() -> None:
+    first = program_tarball(PKO_EXAMPLE)
+    time.sleep(1.1)  # a tar or gzip timestamp would change with the clock's second
+    assert program_tarball(copy.deepcopy(PKO_EXAMPLE)) == first
+    renamed = {**PKO_EXAMPLE, "metadata": {**PKO_EXAMPLE["metadata"], "name": "other"}}
+    assert program_tarball(renamed) != first
+    with pytest.raises(ValueError, match="runtime"):
+        program_tarball({**PKO_EXAMPLE, "program": {"runtime": "python"}})
