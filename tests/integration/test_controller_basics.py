@@ -565,7 +565,8 @@ def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
     controller: ControllerProcess, kube: Kube, namespace: str
 ) -> None:
     """A missing Program: Reconciling without a failure; once created (its watch event,
-    no polling), status.artifact is kept and the Stack's run carries that generation."""
+    no polling), the Stack's run carries that generation and status.artifact is kept
+    (tests/integration/test_program_artifact_server.py: for Programs no Stack uses)."""
     apply_stack(kube, namespace, "uses-program", {"stack": "dev", "programRef": {"name": "web"}})
     stack = wait_stack(
         kube,
@@ -592,7 +593,7 @@ def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
     assert stored["status"]["observedGeneration"] == 1
     assert artifact["revision"] == "1"
     assert artifact["digest"].startswith("sha256:") and artifact["size"] > 0
-    assert artifact["url"].endswith(f"/namespaces/{namespace}/programs/web")
+    assert artifact["url"].endswith(f"/programs/{namespace}/web/1")
 
 
 def github_app_secret(kube: Kube, namespace: str, name: str, app: Any, private_key: str) -> None:
