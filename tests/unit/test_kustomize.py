@@ -92,6 +92,7 @@ CONTROLLER_OBJECTS = {
     ("ServiceAccount", "pkobatch-controller"),
     ("Deployment", "pkobatch-controller"),
     ("Service", "pkobatch-controller-metrics"),
+    ("Service", "pkobatch-controller"),
     ("Role", "pkobatch-leader-election"),
     ("RoleBinding", "pkobatch-leader-election"),
 }
@@ -171,7 +172,8 @@ def test_selectors_match_the_controller_pods(install: str) -> None:
     deployment = only(objects, "Deployment", "pkobatch-controller")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
-    assert selects(only(objects, "Service")["spec"]["selector"], pod_labels)
+    for service in (o for o in objects if o["kind"] == "Service"):
+        assert selects(service["spec"]["selector"], pod_labels), service["metadata"]["name"]
     for budget in (o for o in objects if o["kind"] == "PodDisruptionBudget"):
         assert selects(budget["spec"]["selector"]["matchLabels"], pod_labels)
     for spread in deployment["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
@@ -215,8 +217,25 @@ def test_probes_and_metrics_use_the_ports_the_controller_listens_on(
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         http = container[probe]["httpGet"]
         assert (http["path"], ports[http["port"]]) == (path, 8081)
-    service_port = only(objects, "Service")["spec"]["ports"][0]
+    service_port = only(objects, "Service", "pkobatch-controller-metrics")["spec"]["ports"][0]
     assert ports[service_port["targetPort"]] == 8080
+
+
+@pytest.mark.parametrize("install", ALL_INSTALLS)
+def test_program_artifact_urls_name_the_service_and_port_the_controller_serves_on(
+    install: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = rendered(install)
+    container = controller_container(objects)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    settings = settings_from(objects, monkeypatch).programs
+    assert settings.enabled
+    assert ports["programs"] == int(settings.addr.rpartition(":")[2])
+    service = only(objects, "Service", settings.service)
+    (port,) = service["spec"]["ports"]
+    assert (ports[port["targetPort"]], port["port"]) == (ports["programs"], settings.service_port)
+    (entry,) = (e for e in container["env"] if e["name"] == "PKOBATCH_PROGRAMS__SERVICE_NAMESPACE")
+    assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def settings_from(objects: Iterable[Obj], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -323,7 +342,7 @@ def test_sharded_install_runs_one_controller_per_shard_on_its_own_lease(
         "pkobatch-controller-blue": ("pkobatch.io/shard=blue", "pkobatch-controller-blue"),
         "pkobatch-controller-green": ("pkobatch.io/shard=green", "pkobatch-controller-green"),
     }
-    service = only(objects, "Service")
+    service = only(objects, "Service", "pkobatch-controller-metrics")
     for name, deployment in controllers.items():
         pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert selects(service["spec"]["selector"], pod_labels), name
