@@ -2,7 +2,8 @@
 sees the request's headers (names lowercased) and answers a status, headers and a body.
 
 The push receiver (``pkobatch.controller.receiver``) is served the same way, with a ``post``
-route.
+route, and the Program artifact server (``pkobatch.controller.program_artifacts``) with a
+prefix route: one handler for every path below ``/programs/``.
 
 ``/healthz`` answers 200 while the process runs. ``/readyz`` answers 200 when the manager
 says it is ready (caches synced, or standing by for leadership) and 503 otherwise.

@@ -588,6 +588,12 @@ def test_stack_waits_for_its_program_then_runs_it_and_keeps_its_artifact(
         kube, namespace, "uses-program", lambda s: bool(s["status"].get("currentUpdate"))
     )
     assert stack["status"]["currentUpdate"]["commit"] == "1"
+    # The Program's own reconcile writes its status, not the Stack's: it may come second.
+    wait_until(
+        lambda: bool(kube.get(PROGRAMS, "web", namespace).get("status")),
+        timeout=30,
+        what="the Program's status",
+    )
     stored = kube.get(PROGRAMS, "web", namespace)
     artifact = stored["status"]["artifact"]
     assert stored["status"]["observedGeneration"] == 1

@@ -62,18 +62,14 @@ def test_a_program_without_stacks_gets_a_served_artifact_that_follows_its_edits(
     cluster: Any, kube: Kube, namespace: str, tmp_path: Path, controller_rbac: None
 ) -> None:
     port = free_port()
-    process = ControllerProcess(
-        cluster,
-        namespace,
-        tmp_path / "controller",
-        env={
-            "PKOBATCH_PROGRAMS__ADDR": f"127.0.0.1:{port}",
-            "PKOBATCH_PROGRAMS__SERVICE_NAMESPACE": "pkobatch-test",
-            # Every cached object reconciled again every second: an idle Program must not
-            # be written by it.
-            "PKOBATCH_RESYNC_PERIOD": "1s",
-        },
-    )
+    settings = {
+        "PKOBATCH_PROGRAMS__ADDR": f"127.0.0.1:{port}",
+        "PKOBATCH_PROGRAMS__SERVICE_NAMESPACE": "pkobatch-test",
+        # Every cached object reconciled again every second: an idle Program must not be
+        # written by it.
+        "PKOBATCH_RESYNC_PERIOD": "1s",
+    }
+    process = ControllerProcess(cluster, namespace, tmp_path / "controller", env=settings)
     process.start()
     try:
         body = {"variables": {"greeting": "hello"}, "outputs": {"greeting": "${greeting}"}}

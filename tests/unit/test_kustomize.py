@@ -205,7 +205,7 @@ def test_controller_runs_locked_down(install: str) -> None:
 
 
 @pytest.mark.parametrize("install", ALL_INSTALLS)
-def test_probes_and_metrics_use_the_ports_the_controller_listens_on(
+def test_probes_metrics_and_program_artifacts_use_the_ports_the_controller_listens_on(
     install: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     objects = rendered(install)
@@ -219,21 +219,12 @@ def test_probes_and_metrics_use_the_ports_the_controller_listens_on(
         assert (http["path"], ports[http["port"]]) == (path, 8081)
     service_port = only(objects, "Service", "pkobatch-controller-metrics")["spec"]["ports"][0]
     assert ports[service_port["targetPort"]] == 8080
-
-
-@pytest.mark.parametrize("install", ALL_INSTALLS)
-def test_program_artifact_urls_name_the_service_and_port_the_controller_serves_on(
-    install: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    objects = rendered(install)
-    container = controller_container(objects)
-    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    settings = settings_from(objects, monkeypatch).programs
-    assert settings.enabled
-    assert ports["programs"] == int(settings.addr.rpartition(":")[2])
-    service = only(objects, "Service", settings.service)
-    (port,) = service["spec"]["ports"]
-    assert (ports[port["targetPort"]], port["port"]) == (ports["programs"], settings.service_port)
+    # status.artifact.url names the Service in front of the port the artifacts are served on.
+    programs = settings.programs
+    assert programs.enabled
+    assert ports["programs"] == int(programs.addr.rpartition(":")[2])
+    (port,) = only(objects, "Service", programs.service)["spec"]["ports"]
+    assert (ports[port["targetPort"]], port["port"]) == (ports["programs"], programs.service_port)
     (entry,) = (e for e in container["env"] if e["name"] == "PKOBATCH_PROGRAMS__SERVICE_NAMESPACE")
     assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
