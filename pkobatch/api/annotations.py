@@ -121,7 +121,7 @@ RULES: Final[tuple[AnnotationRule, ...]] = (
         valid=_operation_request,
         refused="the request is rejected and nothing runs for it",
         fix="write '<operation>:<token>' with a short token such as a timestamp "
-        "(`pkobatch up|preview|refresh|destroy|cancel NAME` does)",
+        "(`pkobatch up|preview|refresh|destroy|unlock|cancel NAME` does)",
     ),
     AnnotationRule(
         name=ABANDON_ANNOTATION,

@@ -60,8 +60,12 @@ FIELD_MANAGER_RUNNER: Final = "pkobatch-runner"
 RESULT_KEY: Final = "result.json"
 MAX_LABEL_VALUE_LENGTH: Final = 63
 
-Operation = Literal["up", "preview", "refresh", "destroy"]
+Operation = Literal["up", "preview", "refresh", "destroy", "unlock"]
+# The operations on a stack's resources (one command each: `pkobatch up`, ...).
 OPERATIONS: Final[tuple[Operation, ...]] = ("up", "preview", "refresh", "destroy")
+# Every operation a run may have: also `unlock`, which only releases the stack's lock
+# (`pulumi cancel`) and is started only by an operation request (`pkobatch unlock`).
+RUN_OPERATIONS: Final[tuple[Operation, ...]] = (*OPERATIONS, "unlock")
 
 # Condition types (kstatus "ready protocol").
 CONDITION_READY: Final = "Ready"

@@ -1,6 +1,6 @@
 """The operation-request protocol, defined once for the controller and the CLI.
 
-A user (or ``pkobatch up|preview|refresh|destroy|cancel``) asks for one run by setting the
+A user (or ``pkobatch up|preview|refresh|destroy|unlock|cancel``) asks for one run by setting the
 annotation ``pkobatch.io/operation-request`` to ``"<operation>:<token>"``; the token makes
 each request unique (the CLI writes an RFC 3339 timestamp, see ``cli/requests.new_token``).
 The controller handles each value once and answers in ``status.operationRequest``:
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pkobatch.api.constants import OPERATIONS
+from pkobatch.api.constants import RUN_OPERATIONS
 
 RequestState = Literal["Pending", "Running", "Succeeded", "Failed", "Rejected"]
 # The states after which the controller does nothing more for a request.
 FINAL_REQUEST_STATES: Final[tuple[RequestState, ...]] = ("Succeeded", "Failed", "Rejected")
-REQUEST_OPERATIONS: Final = (*OPERATIONS, "cancel")
+REQUEST_OPERATIONS: Final = (*RUN_OPERATIONS, "cancel")
 
 
 def request_value(operation: str, token: str) -> str:

@@ -24,7 +24,7 @@ from pkobatch.api.constants import (
     CONDITION_READY,
     CONDITION_RECONCILING,
     CONDITION_STALLED,
-    OPERATIONS,
+    RUN_OPERATIONS,
 )
 from pkobatch.api.objects import JSON, condition_of, job_finished, true_condition
 from pkobatch.api.status import last_update
@@ -57,7 +57,7 @@ class StackMetrics:
             "Kubernetes Events not posted: their queue was full or the controller was stopping",
             registry=registry,
         )
-        for operation in OPERATIONS:
+        for operation in RUN_OPERATIONS:
             self._operation_duration.labels(operation)
             for op_result in OPERATION_RESULTS:
                 self._operations.labels(operation, op_result)

@@ -1,7 +1,10 @@
-"""steps.operation_requests: operation requests and cancel, and the hold after a requested
-destroy."""
+"""steps.operation_requests: operation requests, cancel and unlock, and the hold after a
+requested destroy."""
 
 from __future__ import annotations
+
+import copy
+import json
 
 from decision_world import (
     GIT_SPEC,
@@ -11,6 +14,7 @@ from decision_world import (
 )
 
 from pkobatch.api.constants import (
+    OPERATION_LABEL,
     OPERATION_REQUEST_ANNOTATION,
 )
 from pkobatch.controller.decision import Decision, SourceHead
@@ -119,3 +123,74 @@ def test_requested_destroy_hold_ends_with_a_spec_change() -> None:
     world.step()
     world.edit_spec(config={"a": "b"})
     assert world.step().create_job is not None
+
+
+def test_unlock_runs_pulumi_cancel_and_answers_only_the_request() -> None:
+    world = deployed_world()
+    deployed = copy.deepcopy(world.status["lastUpdate"])
+    result = request(world, "unlock:t1")
+    assert result.create_job is not None
+    job = result.create_job
+    name = job["metadata"]["name"]
+    assert "-unlock-" in name and job["metadata"]["labels"][OPERATION_LABEL] == "unlock"
+    snapshot = json.loads(job["spec"]["template"]["spec"]["containers"][0]["args"][1])
+    assert snapshot["operation"] == "unlock"
+    assert world.status["operationRequest"]["state"] == "Running"
+    assert world.status["currentUpdate"]["name"] == name
+    assert world.condition("Ready")["status"] == "True"  # an unlock is not an update
+    world.finish(message="stack dev unlocked")
+    world.step()
+    assert world.status["operationRequest"] == {
+        "request": "unlock:t1",
+        "operation": "unlock",
+        "state": "Succeeded",
+        "jobName": name,
+        "message": "stack dev unlocked",
+    }
+    assert world.status["lastUpdate"] == deployed
+    assert "currentUpdate" not in world.status
+    assert world.step().create_job is None
+
+
+def test_a_failed_unlock_is_no_failed_update() -> None:
+    world = deployed_world()
+    deployed = copy.deepcopy(world.status["lastUpdate"])
+    request(world, "unlock:t1")
+    world.finish(state="failed", reason="StackNotFound", message="stack dev does not exist")
+    world.step()
+    assert world.status["operationRequest"]["state"] == "Failed"
+    assert world.status["lastUpdate"] == deployed
+    assert world.condition("Ready")["status"] == "True"
+    assert world.step().create_job is None  # no retry: the request was answered
+
+
+def test_unlock_is_rejected_while_a_run_is_in_progress() -> None:
+    world = World()
+    world.step()
+    running = world.current_job()
+    result = request(world, "unlock:t1")
+    assert result.create_job is None and result.delete_jobs == []
+    answer = world.status["operationRequest"]
+    assert answer["state"] == "Rejected" and answer["jobName"] == ""
+    assert running in answer["message"] and "`pkobatch cancel app`" in answer["message"]
+    assert [e.reason for e in result.events] == ["OperationRequestRejected"]
+    # Rejected, not queued: once the run has ended, the unlock still does not run.
+    world.finish()
+    world.step()
+    assert world.step().create_job is None
+    assert world.status["operationRequest"]["state"] == "Rejected"
+
+
+def test_unlock_is_rejected_while_a_cancelled_run_still_stops() -> None:
+    world = World()
+    world.step()
+    cancelled = world.current_job()
+    request(world, "cancel:t1")
+    result = request(world, "unlock:t2")
+    assert result.create_job is None
+    answer = world.status["operationRequest"]
+    assert answer["state"] == "Rejected" and cancelled in answer["message"]
+    del world.jobs[cancelled]
+    result = request(world, "unlock:t3")
+    assert result.create_job is not None
+    assert world.status["operationRequest"]["state"] == "Running"

@@ -87,7 +87,7 @@ class OperationRequestStatus(ApiModel):
 
     request: str | None = Field(default=None, description="The annotation value handled.")
     operation: str | None = Field(
-        default=None, description="up, preview, refresh, destroy or cancel."
+        default=None, description="up, preview, refresh, destroy, unlock or cancel."
     )
     state: RequestState | None = Field(
         default=None, description="Pending, Running, Succeeded, Failed or Rejected."

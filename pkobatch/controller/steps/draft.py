@@ -27,7 +27,12 @@ from pkobatch.api.conditions import (
     mark_reconciling,
     mark_stalled,
 )
-from pkobatch.api.constants import CONDITION_DRIFTED, CONDITION_STALLED, OPERATIONS, Operation
+from pkobatch.api.constants import (
+    CONDITION_DRIFTED,
+    CONDITION_STALLED,
+    RUN_OPERATIONS,
+    Operation,
+)
 from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import job_finished
 from pkobatch.api.run import Run, RunKind
@@ -85,7 +90,7 @@ def running_message(run: Run, name: str) -> str:
 
 
 def _operation_from_name(name: str) -> Operation:
-    for operation in OPERATIONS:
+    for operation in RUN_OPERATIONS:
         if f"-{operation}-" in name:
             return operation
     return "up"

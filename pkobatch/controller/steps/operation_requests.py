@@ -1,6 +1,12 @@
 """Operation requests (``pkobatch.io/operation-request: <op>:<token>``, docs/operations.md):
 each is handled once and answered in ``status.operationRequest``; ``cancel`` stops the
 current run. The request protocol itself is ``pkobatch.api.operation_request``'s.
+
+``unlock`` runs ``pulumi cancel``, which removes the stack's lock whoever holds it: it is
+rejected, never queued, while any Job of the Stack is unfinished, since that run's lock is
+the one it would remove. Outside this Stack's runs (a person's ``pulumi up``, another
+cluster) nothing can tell a live lock from a stale one; the user asking for the unlock
+vouches for that.
 """
 
 from __future__ import annotations
@@ -42,43 +48,15 @@ def operation_request(draft: Draft) -> StepResult:
     blocking = draft.blocking_job()
     if operation == "cancel":
         return _cancel(draft, value, blocking)
-    raw_spec = draft.obs.stack.get("spec") or {}
-    if operation == "up" and approval.required(raw_spec):
-        _request_status(
-            draft,
-            value,
-            operation,
-            "Rejected",
-            "",
-            "spec.approval.required: updates run only an approved plan; see `pkobatch "
-            f"plan {draft.name}` and approve it with `pkobatch approve {draft.name}`",
-        )
-        return NEXT
-    if raw_spec.get("preview") and operation in ("up", "destroy"):
-        _request_status(
-            draft,
-            value,
-            operation,
-            "Rejected",
-            "",
-            f"spec.preview is true: this Stack never runs {operation}",
-        )
-        return NEXT
-    if draft.spec is None:
-        _request_status(
-            draft,
-            value,
-            operation,
-            "Rejected",
-            "",
-            "the spec is invalid: " + "; ".join(draft.check.problems),
-        )
+    rejection = _rejection(draft, operation, blocking)
+    if rejection is not None:
+        _request_status(draft, value, operation, "Rejected", "", rejection)
         return NEXT
     if blocking is not None:
         name = str(blocking["metadata"]["name"])
         _request_status(draft, value, operation, "Pending", "", f"waiting for run {name} to finish")
         return NEXT
-    commit = revision(draft, draft.spec)
+    commit = revision(draft, draft.valid_spec())
     op: Operation = operation  # type: ignore[assignment]
     run = Run(
         operation=op,
@@ -103,6 +81,28 @@ def operation_request(draft: Draft) -> StepResult:
         draft, value, operation, "Rejected", "", f"its run could not start: {draft.start_refused}"
     )
     return DONE
+
+
+def _rejection(draft: Draft, operation: str, blocking: Mapping[str, Any] | None) -> str | None:
+    """Why a request for ``operation`` (not ``cancel``) is rejected; None when it may run,
+    or wait for the run in progress (``blocking``) to finish."""
+    raw_spec = draft.obs.stack.get("spec") or {}
+    if operation == "unlock" and blocking is not None:
+        return (
+            f"run {blocking['metadata']['name']} of this Stack is in progress and holds the "
+            f"stack's lock: wait for it to finish, or stop it with `pkobatch cancel "
+            f"{draft.name}`, then unlock again"
+        )
+    if operation == "up" and approval.required(raw_spec):
+        return (
+            "spec.approval.required: updates run only an approved plan; see `pkobatch "
+            f"plan {draft.name}` and approve it with `pkobatch approve {draft.name}`"
+        )
+    if raw_spec.get("preview") and operation in ("up", "destroy"):
+        return f"spec.preview is true: this Stack never runs {operation}"
+    if draft.spec is None:
+        return "the spec is invalid: " + "; ".join(draft.check.problems)
+    return None
 
 
 def _cancel(draft: Draft, value: str, blocking: Mapping[str, Any] | None) -> StepResult:
