@@ -12,6 +12,8 @@ Operations:
   PKO: a destroy is never partial), and ``updateTemplate.spec`` overrides (parallel, message,
   expectNoChanges, continueOnError, replace, target, targetDependents, refresh, runProgram,
   remove).
+- ``unlock`` selects the stack (never creates it) and runs ``pulumi cancel --yes``, which
+  releases its lock; it runs no program and sets no config.
 - A drift check (``snapshot.driftCheck``) is ``pulumi refresh --preview-only``: it changes
   nothing and reports the number of resources that differ in ``driftedResources``.
 - ``spec.exportOutputs``: after a successful ``up`` the outputs go to a ConfigMap and a
@@ -331,7 +333,8 @@ def _execute(run: _Run) -> OperationOutput:
         from pkobatch.runner.pulumi_cli import RunnerWorkspace
 
         program: Callable[[], None] | None = _no_program if state_only else None
-        if not state_only:
+        # An unlock runs no program: `pulumi cancel` needs only the project and the stack.
+        if not state_only and snapshot.operation != "unlock":
             host = _program_host(run, project, command, home)
             run.language_host = host.label
             if host.inline:
@@ -365,6 +368,8 @@ def _execute(run: _Run) -> OperationOutput:
         if stack is None:
             _remove_exported(run, spec)
             return OperationOutput(message=f"stack {spec.stack} does not exist; nothing to destroy")
+        if snapshot.operation == "unlock":
+            return _cancel_update(run, workspace, stack.name)
         if snapshot.apply_plan is not None:
             run.plan_file = _approved_plan(run, workspace, stack.name)
         with stopping_at("stackInitialization"):
@@ -573,6 +578,7 @@ def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Sta
     """The stack, created if allowed; None for a destroy of a stack that does not exist."""
     from pulumi.automation import Stack, StackNotFoundError
 
+    unlock = run.snapshot.operation == "unlock"
     try:
         stack = Stack.select(spec.stack, workspace)
         run.log.step(f"selected stack {spec.stack}")
@@ -580,18 +586,18 @@ def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Sta
     except StackNotFoundError as error:
         if run.snapshot.operation == "destroy":
             return None
-        if spec.use_local_stack_only or run.snapshot.drift_check:
+        if spec.use_local_stack_only or run.snapshot.drift_check or unlock:
             _, stderr = command_output(error)
-            raise RunFailure(
-                "StackNotFound",
-                f"stack {spec.stack} does not exist in the backend and "
-                + (
+            if spec.use_local_stack_only:
+                why = (
                     "spec.useLocalStackOnly forbids creating it; create it with `pulumi stack "
                     "init` or unset useLocalStackOnly"
-                    if spec.use_local_stack_only
-                    else "a drift check never creates it"
                 )
-                + f" ({stderr.strip()})",
+            else:
+                why = f"{'an unlock' if unlock else 'a drift check'} never creates it"
+            raise RunFailure(
+                "StackNotFound",
+                f"stack {spec.stack} does not exist in the backend and {why} ({stderr.strip()})",
             ) from None
     run.log.step(f"creating stack {spec.stack}")
     return Stack.create(spec.stack, workspace)
@@ -607,6 +613,15 @@ def _check_environment_support(spec: StackSpec, env: Mapping[str, str]) -> None:
             f"this stack's backend is a {scheme}:// backend: remove spec.environment or use a "
             "Pulumi Cloud backend",
         )
+
+
+def _cancel_update(run: _Run, workspace: RunnerWorkspace, stack_name: str) -> OperationOutput:
+    """The ``unlock`` operation: ``pulumi cancel`` releases the stack's lock, whoever holds
+    it (the controller starts an unlock only while no run of this Stack is active)."""
+    run.log.step(f"releasing the lock of stack {stack_name} (pulumi cancel)")
+    done = workspace.cancel_update(stack_name, run.log.pulumi, run.log.pulumi_error)
+    said = " ".join(f"{done.stdout}\n{done.stderr}".split())
+    return OperationOutput(message=f"stack {stack_name} unlocked: {said or 'pulumi cancel'}")
 
 
 def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:

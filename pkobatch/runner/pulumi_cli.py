@@ -160,6 +160,14 @@ class RunnerWorkspace(LocalWorkspace):
             stdin_text=f"{value}\n",
         )
 
+    def cancel_update(
+        self, stack_name: str, on_output: OnOutput | None, on_error: OnOutput | None
+    ) -> CommandResult:
+        """``pulumi cancel --yes``: the stack's lock released, whoever holds it."""
+        return self._run_pulumi_cmd_sync(
+            ["cancel", "--yes", "--stack", stack_name], on_output, on_error
+        )
+
     def stack_outputs(self, stack_name: str) -> OutputMap:
         masked = self._read_outputs(["stack", "output", "--json", "--stack", stack_name])
         return {
