@@ -1,4 +1,5 @@
-"""Commands that change something: request runs, reconcile, cancel, suspend and resume.
+"""Commands that change something: request runs, reconcile, cancel, unlock, suspend and
+resume.
 
 Runs are requested through annotations the controller answers in the Stack's status
 (``requests.py``); the CLI never creates Jobs itself, so a run it asks for obeys the same
@@ -11,6 +12,7 @@ request (``wait_option``). ``--wait`` is still accepted, and changes nothing.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Final, TypeVar
@@ -428,6 +430,64 @@ def cancel_command(name: str, wait: bool) -> None:
     if not stack_view(stack).current_run:
         raise CommandFailed(f"stack {name} has no run in progress")
     result = request_and_wait(session, stack, "cancel", wait=wait, show_logs=False)
+    print_outcomes(session, [result], single=True)
+    if not result.ok:
+        exit_failed()
+
+
+# -- unlock -------------------------------------------------------------------------------
+
+
+def confirm_unlock(where: str, *, yes: bool) -> None:
+    """Unless ``yes``: ask on a terminal, and refuse without one (a script says --yes)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError(
+            "unlock needs confirmation and standard input is not a terminal: pass --yes"
+        )
+    try:
+        answer = click.confirm(
+            f"Remove the Pulumi lock of Stack {where}, whoever holds it?", default=False, err=True
+        )
+    except click.Abort:
+        answer = False
+    if not answer:
+        raise CommandFailed("not confirmed: nothing was unlocked")
+
+
+@command(
+    "unlock",
+    short_help="Release a Stack's Pulumi lock left by a killed update.",
+    epilog="""\b
+Examples:
+  pkobatch unlock web
+  pkobatch unlock web --yes --no-wait""",
+)
+@click.argument("name", shell_complete=complete_stack_names)
+@wait_option("the unlock run")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+def unlock_command(name: str, wait: bool, yes: bool) -> None:
+    """Run `pulumi cancel` on the Stack's stack in a Job: the lock that an update killed
+    without cleanup left is removed (on any backend), and the next run can start.
+
+    `pulumi cancel` removes the lock whoever holds it (a `pulumi up` on a laptop, another
+    cluster's run): unlock only when no update of the stack runs anywhere. The controller
+    rejects the request while a run of this Stack is in progress (wait, or `pkobatch
+    cancel` it first). The unlock changes no resource and not status.lastUpdate; its answer
+    is status.operationRequest. It asks for confirmation on a terminal; elsewhere, pass
+    --yes."""
+    session = Session.current()
+    session.require_output("table", "json", "yaml")
+    confirm_unlock(f"{session.namespace}/{name}", yes=yes)
+    stack = get_stack(session, name)
+    running = stack_view(stack).current_run
+    if running:
+        raise CommandFailed(
+            f"stack {name} has run {running} in progress: wait for it to finish, or stop it "
+            f"with `pkobatch cancel {name}`, then unlock"
+        )
+    result = request_and_wait(session, stack, "unlock", wait=wait, show_logs=True)
     print_outcomes(session, [result], single=True)
     if not result.ok:
         exit_failed()

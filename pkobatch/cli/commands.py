@@ -679,6 +679,7 @@ USER_COMMANDS: tuple[click.Command, ...] = (
     *actions.OPERATION_COMMANDS,
     actions.reconcile_command,
     actions.cancel_command,
+    actions.unlock_command,
     approvals.plan_command,
     approvals.approve_command,
     approvals.reject_command,

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pkobatch.api.constants import OPERATIONS, Operation
+from pkobatch.api.constants import RUN_OPERATIONS, Operation
 from pkobatch.api.run import RunResult
 from pkobatch.runner.cancel import Budget, Cancellation, grace_seconds_from
 from pkobatch.runner.command import EXIT_USAGE
@@ -90,8 +90,9 @@ def render_result(result: RunResult, console: Console) -> None:
 @click.option(
     "--op",
     "operation",
-    type=click.Choice(OPERATIONS),
-    help="Operation to run (default: preview for a spec.preview Stack, else up).",
+    type=click.Choice(RUN_OPERATIONS),
+    help="Operation to run (default: preview for a spec.preview Stack, else up); unlock "
+    "releases the stack's lock (pulumi cancel).",
 )
 @click.option(
     "--secret",

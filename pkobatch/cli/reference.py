@@ -34,11 +34,11 @@ Conventions, as in `kubectl` and `flux`:
   (`get`) or `job.batch/<run>` (`history`) per line, and `--no-headers` leaves the header
   line out of every table a command prints (not out of `describe`'s sections).
 - One wait rule, as `flux reconcile`'s: every command that asks for a run (`up`,
-  `preview`, `refresh`, `destroy`, `reconcile`, `cancel`, `approve`, `reject`, `resume`)
-  follows it to its end by default — the run's output on stderr, the result on stdout,
-  exit 1 if it failed, was rejected or did not end within `--timeout` — and `--no-wait`
-  only writes the request and exits 0. `--wait`, once needed, is still accepted and changes
-  nothing. `suspend` requests no run: it only writes the spec.
+  `preview`, `refresh`, `destroy`, `reconcile`, `cancel`, `unlock`, `approve`, `reject`,
+  `resume`) follows it to its end by default — the run's output on stderr, the result on
+  stdout, exit 1 if it failed, was rejected or did not end within `--timeout` — and
+  `--no-wait` only writes the request and exits 0. `--wait`, once needed, is still
+  accepted and changes nothing. `suspend` requests no run: it only writes the spec.
 - Exit codes: 0 success; 1 the operation failed, was rejected or timed out, or the API
   refused (not found, forbidden, unreachable); 2 usage error.
 - Colours only on a terminal; `--no-color` or `NO_COLOR` turns them off.

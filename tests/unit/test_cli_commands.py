@@ -4,6 +4,8 @@ and the one-line errors for a cluster that cannot be reached."""
 from __future__ import annotations
 
 import os
+import pty
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +276,68 @@ def test_kubectl_completions_answer_in_cobras_format() -> None:
     ]
     assert flags.splitlines() == ["--no-headers\tTables without their header line.", ":4"]
     assert kubeconfig == ":0\n"  # a file name: the shell completes it
+
+
+UNREACHABLE = "cannot reach the Kubernetes API server at https://127.0.0.1:1"
+
+
+def test_unlock_without_a_terminal_needs_yes(
+    runner: CliRunner, unreachable_kubeconfig: Path
+) -> None:
+    kubeconfig = ["--kubeconfig", str(unreachable_kubeconfig)]
+
+    refused = runner.invoke(user_group(), [*kubeconfig, "unlock", "web"], input="y\n")
+    confirmed = runner.invoke(user_group(), [*kubeconfig, "unlock", "web", "--yes"])
+
+    # Refused before the cluster is asked anything, even with "y" on standard input.
+    assert refused.exit_code == 2, refused.output
+    assert "standard input is not a terminal: pass --yes" in refused.stderr
+    assert UNREACHABLE not in refused.stderr
+    assert confirmed.exit_code == 1 and UNREACHABLE in confirmed.stderr
+
+
+def on_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run ``pkobatch ARGS`` with a pseudo-terminal as its standard streams; ``answer`` is
+    typed once the confirmation prompt shows."""
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pkobatch.main", *args],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    os.close(secondary)
+    output = b""
+    answered = False
+    try:
+        while True:
+            ready, _, _ = select.select([primary], [], [], 60)
+            assert ready, f"pkobatch {args} printed nothing for 60 s: {output!r}"
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the command has exited and closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+            if not answered and b"whoever holds it?" in output:
+                os.write(primary, answer.encode() + b"\n")
+                answered = True
+    finally:
+        os.close(primary)
+        code = process.wait(timeout=60)
+    return code, output.decode(errors="replace")
+
+
+def test_unlock_on_a_terminal_asks_first(unreachable_kubeconfig: Path) -> None:
+    args = ["--kubeconfig", str(unreachable_kubeconfig), "unlock", "web"]
+
+    declined_code, declined = on_terminal(args, "n")
+    accepted_code, accepted = on_terminal(args, "y")
+
+    assert "Remove the Pulumi lock of Stack ns/web, whoever holds it? [y/N]" in declined
+    assert declined_code == 1 and "not confirmed: nothing was unlocked" in declined
+    assert UNREACHABLE not in declined
+    # Confirmed, the command goes on to read the Stack (here: from a cluster that is not there).
+    assert accepted_code == 1 and UNREACHABLE in accepted
