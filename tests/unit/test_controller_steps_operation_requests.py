@@ -194,3 +194,21 @@ def test_unlock_is_rejected_while_a_cancelled_run_still_stops() -> None:
     result = request(world, "unlock:t3")
     assert result.create_job is not None
     assert world.status["operationRequest"]["state"] == "Running"
+
+
+def test_an_unlock_after_a_requested_destroy_keeps_the_hold() -> None:
+    world = deployed_world()
+    request(world, "destroy:t1")
+    world.finish(state="failed", reason="UpdateConflict", message="the stack is locked")
+    world.step()
+    assert world.condition("Stalled")["reason"] == "DestroyedOnRequest"
+    request(world, "unlock:t2")
+    world.finish()
+    world.step()
+    assert world.status["operationRequest"]["state"] == "Succeeded"
+    # No automatic up recreates what the user asked to destroy.
+    world.advance(3600)
+    assert world.step().create_job is None
+    assert world.condition("Stalled")["reason"] == "DestroyedOnRequest"
+    result = request(world, "destroy:t3")
+    assert result.create_job is not None and "-destroy-" in result.create_job["metadata"]["name"]

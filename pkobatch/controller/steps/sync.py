@@ -98,15 +98,20 @@ def suspend(draft: Draft) -> StepResult:
     return DONE
 
 
+_REQUESTS_KEEPING_A_HOLD: Final = ("preview", "refresh", "unlock", "cancel")
+
+
 def destroy_hold(draft: Draft) -> StepResult:
     """After a requested destroy, nothing runs until the spec changes or `up` is asked:
     DONE (Stalled/DestroyHeld) while that holds, else NEXT."""
     last = last_update(draft.status)
     request = operation_request_status(draft.status)
+    destroyed = request.get("operation") == "destroy" and request.get("jobName") == last.get("name")
     held = (
         last.get("type") == "destroy"
-        and request.get("operation") == "destroy"
-        and request.get("jobName") == last.get("name")
+        # A request that changes no resource, answered since the destroy (an unlock after a
+        # destroy that met a stale lock), does not end the hold either.
+        and (destroyed or request.get("operation") in _REQUESTS_KEEPING_A_HOLD)
         and last.get("generation") == draft.generation
         and (last.get("reconcileRequest") or "") == draft.request
     )
