@@ -653,8 +653,9 @@ def _remove_stale_locks(run: _Run, error: CommandError) -> bool:
     if any(path is None for path in files):
         run.log.step(
             "the stack's lock was left by a finished run of this Stack, but only a file:// "
-            "backend's lock can be removed precisely; release it with `pulumi cancel` when "
-            "no other update runs: " + "; ".join(entry.describe() for entry in stale)
+            "backend's lock can be removed precisely; release it with `pkobatch unlock` "
+            "(`pulumi cancel`) when no other update runs: "
+            + "; ".join(entry.describe() for entry in stale)
         )
         return False
     for entry, path in zip(stale, files, strict=True):

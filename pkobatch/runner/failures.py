@@ -78,7 +78,7 @@ def classify_pulumi_error(kind: str, stdout: str, stderr: str) -> RunFailure:
         return RunFailure(
             "UpdateConflict",
             "the stack is locked by another update; if none is running, release the lock "
-            f"with `pulumi cancel`\n{message}",
+            f"with `pkobatch unlock` (which runs `pulumi cancel`)\n{message}",
         )
     if _PLAN_PATTERNS.search(text):
         return RunFailure(

@@ -18,9 +18,10 @@ those files; a lock from anywhere else — a live run, a person's ``pulumi up`` 
 a Stack on another cluster — is never touched, and the run fails with ``UpdateConflict``
 naming it. Removal is precise only where the runner can address the lock file itself, the
 ``file://`` backend; for other DIY backends the run reports the stale lock and how to release
-it (``pulumi cancel`` removes *every* lock of the stack, a live one's too, so the runner does
-not run it). Pulumi Cloud keeps update leases, not lock files; its conflicts say nothing
-about the holder and are never cleared here.
+it (``pulumi cancel`` removes *every* lock of the stack, a live one's too, so the runner runs
+it only when a person asks for it: ``pkobatch unlock``, the ``unlock`` operation). Pulumi
+Cloud keeps update leases, not lock files; its conflicts say nothing about the holder and are
+never cleared here.
 """
 
 from __future__ import annotations
