@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from stale_lock import leave_stale_lock, lock_directory_files
 
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
 from pkobatch.dev.processes import wait_until
@@ -289,3 +290,34 @@ def test_yaml_and_python_programs_run_without_a_cluster(
     assert yaml_result.secret_outputs == ["token"]
     assert (python_code, python_result.reason) == (0, "Succeeded"), python_result.message
     assert python_result.changes == {"create": 3}
+
+
+def test_unlock_removes_the_lock_a_killed_up_left(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any, pulumi_env: Any
+) -> None:
+    repo = git_repo()
+    password = {"git/password": git_server.password}
+    release = runs.tmp_path / "release-the-killed-up"
+    held = runs.manifest(
+        repo.http_url, **basic_auth(git_server), config={"holdUntil": str(release)}
+    )
+    env = {**runs.env, fallback_env_name("PKOBATCH_SECRET", "git", "password"): git_server.password}
+    try:
+        lock = leave_stale_lock(held, env, pulumi_env.backend_url)
+        unheld = runs.manifest(repo.http_url, **basic_auth(git_server))
+
+        refused, _, refused_code = runs.run(unheld, secrets=password)
+        unlocked, log, unlocked_code = runs.run(unheld, "--op", "unlock", secrets=password)
+        after_unlock = lock_directory_files(pulumi_env.backend_url)
+        updated, _, updated_code = runs.run(unheld, secrets=password)
+    finally:
+        release.touch()  # ends any process of the killed update that outlived it
+
+    # Nothing tells a dead holder from a live one: the next up refuses to touch the lock.
+    assert (refused_code, refused.reason) == (1, "UpdateConflict")
+    assert "locked" in refused.message and lock.name in refused.message
+    assert (unlocked_code, unlocked.reason) == (0, "Succeeded"), unlocked.message
+    assert unlocked.operation == "unlock" and unlocked.message.startswith("stack dev unlocked")
+    assert "releasing the lock of stack dev (pulumi cancel)" in log
+    assert after_unlock == []  # the lock and its .attrs companion
+    assert (updated_code, updated.reason) == (0, "Succeeded"), updated.message
