@@ -1,4 +1,4 @@
-"""`pkobatch up|preview|refresh|destroy|reconcile|cancel|resume`, following their runs,
+"""`pkobatch up|preview|refresh|destroy|reconcile|cancel|unlock|resume`, following their runs,
 through the real controller, real Jobs and the real Pulumi CLI (the node agent runs the run
 pods on this host).
 
@@ -20,10 +20,12 @@ import pytest
 import yaml
 from click.testing import Result
 from controller_harness import caught_up
+from stale_lock import leave_stale_lock, lock_directory_files
 
 from pkobatch.dev import processes
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv
 from pkobatch.kube.client import CLUSTERROLES, JOBS, ROLEBINDINGS, SECRETS, STACKS, Kube
+from pkobatch.runner.embedded import fallback_env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = dict[str, Any]
@@ -292,3 +294,62 @@ def test_many_stacks_with_a_summary(
         ["one", "refresh", "succeeded"],
         ["two", "refresh", "succeeded"],
     ]
+
+
+def test_unlock_releases_a_stale_lock_and_the_next_up_succeeds(
+    cli: Callable[..., Result],
+    kube: Kube,
+    namespace: str,
+    make_stack: Callable[..., JSON],
+    controller: Any,
+    pulumi_env: Any,
+    tmp_path: Path,
+) -> None:
+    stack = make_stack("web")
+    deployed = wait_for_first_run(kube, namespace, "web")["status"]["lastUpdate"]
+    assert deployed["state"] == "succeeded"
+    # A person's `pulumi up` of the same stack (here: `pkobatch run` of the same spec) is
+    # killed mid-update: its lock names no run of this Stack, so no run removes it.
+    release = tmp_path / "release-the-killed-up"
+    laptop = tmp_path / "laptop.yaml"
+    # New content: its update of each file waits for the release, holding the lock.
+    config = {**stack["spec"]["config"], "content": "from a laptop", "holdUntil": str(release)}
+    spec = {**stack["spec"], "config": config}
+    metadata = {"name": "web", "namespace": namespace}
+    laptop.write_text(
+        json.dumps(
+            {"apiVersion": stack["apiVersion"], "kind": "Stack", "metadata": metadata, "spec": spec}
+        )
+    )
+    passphrase = fallback_env_name("PKOBATCH_SECRET", PASSPHRASE_SECRET, "passphrase")
+    env = {
+        **pulumi_env.env,
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path),
+        passphrase: pulumi_env.passphrase,
+    }
+    try:
+        lock = leave_stale_lock(laptop, env, pulumi_env.backend_url)
+
+        unlocked = cli("unlock", "web", "--yes", "--wait", "-o", "json")
+        after_unlock = lock_directory_files(pulumi_env.backend_url)
+        status = kube.get(STACKS, "web", namespace)["status"]
+        up = cli("up", "web", "--wait", "-o", "json")
+    finally:
+        release.touch()  # ends any process of the killed update that outlived it
+
+    assert unlocked.exit_code == 0, unlocked.output
+    outcome = json.loads(unlocked.stdout)
+    assert (outcome["operation"], outcome["result"]) == ("unlock", "succeeded")
+    assert outcome["run"].startswith("web-unlock-")
+    assert not lock.exists() and after_unlock == []
+    # The unlock answered its request; lastUpdate still tells the last update.
+    assert status["operationRequest"]["state"] == "Succeeded"
+    assert status["operationRequest"]["jobName"] == outcome["run"]
+    assert status["operationRequest"]["message"].startswith("stack web unlocked")
+    assert status["lastUpdate"] == deployed
+    assert up.exit_code == 0, up.output
+    done = json.loads(up.stdout)
+    assert (done["operation"], done["result"]) == ("up", "succeeded")
+    last = kube.get(STACKS, "web", namespace)["status"]["lastUpdate"]
+    assert last["name"] == done["run"] and last["state"] == "succeeded"

@@ -42,6 +42,7 @@ from controller_harness import (
     wait_stack,
 )
 from sentinels import plant
+from stale_lock import backend_locks, held_lock
 
 from pkobatch.api.constants import (
     FINALIZER,
@@ -791,20 +792,6 @@ def test_exports_without_the_rights_they_need_stall_naming_them_before_any_updat
 # -- stale Pulumi locks ----------------------------------------------------------------------
 
 
-def backend_locks(pulumi_env: Any) -> list[Path]:
-    root = Path(pulumi_env.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
-    return sorted(p for p in root.rglob("*.json") if p.is_file())
-
-
-def stable_lock(pulumi_env: Any, seconds: float = 3.0) -> Path | None:
-    """The lock held for at least ``seconds``: an update's, not a quick command's."""
-    before = backend_locks(pulumi_env)
-    if len(before) != 1:
-        return None
-    time.sleep(seconds)
-    return before[0] if backend_locks(pulumi_env) == before else None
-
-
 def container_main_pid(pod_name: str) -> int | None:
     """The pid of the pod's container process: the child of its node-agent reaper."""
     marker = f"pkobatch.dev.reaper\0--hostname\0{pod_name}\0".encode()
@@ -840,9 +827,11 @@ def test_a_hard_killed_runs_lock_is_removed_by_the_next_run(
     first = stack["status"]["currentUpdate"]["name"]
     # Commands before the update (stack select, config) hold the lock for a moment only.
     wait_until(
-        lambda: stable_lock(pulumi_env) is not None, timeout=240, what="the update's stack lock"
+        lambda: held_lock(pulumi_env.backend_url) is not None,
+        timeout=240,
+        what="the update's stack lock",
     )
-    lock = stable_lock(pulumi_env)
+    lock = held_lock(pulumi_env.backend_url)
     assert lock is not None
     (pod,) = kube.list_objects(PODS, namespace, label_selector=f"job-name={first}")[0]
     runner = container_main_pid(pod["metadata"]["name"])
@@ -915,9 +904,11 @@ def test_a_lock_held_by_a_live_foreign_run_is_never_removed(
     )
     try:
         wait_until(
-            lambda: stable_lock(pulumi_env) is not None, timeout=240, what="the laptop's lock"
+            lambda: held_lock(pulumi_env.backend_url) is not None,
+            timeout=240,
+            what="the laptop's lock",
         )
-        (lock,) = backend_locks(pulumi_env)
+        (lock,) = backend_locks(pulumi_env.backend_url)
         holder = json.loads(lock.read_text())
 
         apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env))
