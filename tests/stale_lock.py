@@ -4,9 +4,9 @@ does).
 
 ``leave_stale_lock`` starts ``pkobatch run`` (the runner on this machine, the real Pulumi CLI)
 of a Stack manifest whose program holds its update open (the ``files`` program's
-``holdUntil``), waits until the update holds the stack's lock, then kills Pulumi's process
-group (the CLI, its plugins) and the run's. The lock names this host and a pid that is gone:
-no run of a Stack left it, so a Stack's next run never removes it by itself
+``holdUntil``), waits until the update holds the stack's lock, then kills Pulumi's session
+(the CLI, its plugins) and the run's process group. The lock names this host and a pid that
+is gone: no run of a Stack left it, so a Stack's next run never removes it by itself
 (``pkobatch.runner.locks``).
 """
 
@@ -48,6 +48,22 @@ def held_lock(backend_url: str, seconds: float = 3.0) -> Path | None:
     return before[0] if backend_locks(backend_url) == before else None
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``: Pulumi and its plugins, which run in process
+    groups of their own."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # Fields after the command's ")": state, ppid, pgrp, session, ...
+            session = int((proc / "stat").read_text().rpartition(")")[2].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if session == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
 def leave_stale_lock(manifest: Path, env: Mapping[str, str], backend_url: str) -> Path:
     """Run ``manifest`` with ``pkobatch run`` until its update holds the lock, kill it
     without cleanup, and return the lock file it left."""
@@ -66,9 +82,8 @@ def leave_stale_lock(manifest: Path, env: Mapping[str, str], backend_url: str) -
 
         wait_until(held, timeout=LOCK_TIMEOUT, what="the update to hold the stack lock")
         (lock,) = backend_locks(backend_url)
-        # The runner starts Pulumi in a session of its own: the lock's pid leads its group.
-        pulumi_pid = int(json.loads(lock.read_text())["pid"])
-        os.killpg(pulumi_pid, signal.SIGKILL)
+        # The runner starts Pulumi in a session of its own, which the lock's pid leads.
+        kill_session(int(json.loads(lock.read_text())["pid"]))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
