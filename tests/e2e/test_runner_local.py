@@ -321,3 +321,21 @@ def test_unlock_removes_the_lock_a_killed_up_left(
     assert "releasing the lock of stack dev (pulumi cancel)" in log
     assert after_unlock == []  # the lock and its .attrs companion
     assert (updated_code, updated.reason) == (0, "Succeeded"), updated.message
+
+
+def test_unlock_of_a_stack_that_does_not_exist_creates_none(
+    runs: Runs, git_repo: Callable[..., Any], git_server: Any, pulumi_env: Any
+) -> None:
+    repo = git_repo()
+    manifest = runs.manifest(repo.http_url, **basic_auth(git_server))
+    backend = Path(pulumi_env.backend_url.removeprefix("file://"))
+
+    unlocked, _, code = runs.run(
+        manifest, "--op", "unlock", secrets={"git/password": git_server.password}
+    )
+
+    assert (code, unlocked.reason) == (1, "StackNotFound")
+    assert "stack dev does not exist in the backend and an unlock never creates it" in (
+        unlocked.message
+    )
+    assert [p for p in backend.rglob("*") if p.is_file() and "stacks" in p.parts] == []
