@@ -26,11 +26,11 @@ its fixtures and what they give; ``pytest --fixtures`` shows where each is defin
                                 ``prometheus_operator_crds``, ``registry_bin``: built
                                 binaries, or fail (CI) / skip (locally) saying how to
                                 build them
-``sentinels.py``                ``sentinel_session`` (autouse): the secret-leak scan
+``helpers/sentinels.py``        ``sentinel_session`` (autouse): the secret-leak scan
 
 Tier fixtures: ``tests/integration/conftest.py`` (Jobs), ``tests/node/conftest.py`` (pods
 on the real node), ``tests/e2e/conftest.py`` (the Automation API, the runner bundle, the
-real controller of tests/controller_harness.py).
+real controller of tests/helpers/controller_harness.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = [
-    "sentinels",
+    "helpers.sentinels",
     "fixture_plugins.tools",
     "fixture_plugins.cluster",
     # Before node_images, which imports it.

@@ -67,7 +67,7 @@ _FALLBACK_ADVERTISE_ADDRESS: Final = "192.0.2.10"
 
 COMPONENTS: Final = ("etcd", "kube-apiserver", "kube-controller-manager")
 # Whose requests the API server's audit log records: the service accounts of the namespace
-# the controller runs in (tests/controller_harness.py, deploy/kustomize/base).
+# the controller runs in (tests/helpers/controller_harness.py, deploy/kustomize/base).
 AUDITED_NAMESPACE: Final = "pkobatch-system"
 AUDIT_POLICY: Final = {
     "apiVersion": "audit.k8s.io/v1",

@@ -7,7 +7,7 @@ finds the built CLI on PATH). The program's ``__main__.py`` runs as an inline pr
 the runner does: no ``pulumi-language-python`` host is needed. ``config`` values are plain,
 ``secret_config`` values are secret; ``directory`` defaults to ``pulumi_env.files_dir``.
 
-The real controller (tests/controller_harness.py):
+The real controller (tests/helpers/controller_harness.py):
 
 ``controller_rbac`` (session): the controller's and runner's RBAC from deploy/kustomize/base.
 ``controller`` -> ``ControllerProcess`` running for the test's namespace under its own
@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     bind_runner,
     create_secret,
     install_controller_rbac,
 )
+from helpers.sentinels import plant
 from pulumi import automation as auto
-from sentinels import plant
 
 from pkobatch.cli.reference import user_group
 from pkobatch.kube.client import Kube

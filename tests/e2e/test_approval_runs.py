@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 from click.testing import Result
-from controller_harness import (
+from fixture_plugins.receivers import Receiver, hook_secret, receivers
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
@@ -31,8 +32,7 @@ from controller_harness import (
     stack_jobs,
     wait_stack,
 )
-from fixture_plugins.receivers import Receiver, hook_secret, receivers
-from sentinels import find, plant
+from helpers.sentinels import find, plant
 from test_controller_runs import assert_not_leaked
 from test_program_runtimes import APP, PROGRAM_RULES, grant_program_rules, kubernetes_spec
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import Result
-from controller_harness import caught_up
-from stale_lock import leave_stale_lock, lock_directory_files
+from helpers.controller_harness import caught_up
+from helpers.stale_lock import leave_stale_lock, lock_directory_files
 
 from pkobatch.dev import processes
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND, controller_argv

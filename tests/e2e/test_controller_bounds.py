@@ -1,6 +1,6 @@
 """Issue 26, items 3 and 5, end to end: a typo in ``pkobatch.io/abandon`` never skips the
 destroy on deletion, and prerequisite cycles are named in status and recovered from, with
-real Pulumi runs of the test program (tests/controller_harness.py: the controller as a
+real Pulumi runs of the test program (tests/helpers/controller_harness.py: the controller as a
 process under the RBAC of deploy/kustomize/base).
 
 Each Stack has a Pulumi stack and a directory of its own, so their runs never meet.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,

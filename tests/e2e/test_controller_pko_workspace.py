@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
@@ -41,7 +41,7 @@ from controller_harness import (
     wait_stack,
     wait_version_too_low,
 )
-from sentinels import plant
+from helpers.sentinels import plant
 
 from pkobatch.api.constants import RUN_CONTAINER_NAME
 from pkobatch.dev.tools import versions

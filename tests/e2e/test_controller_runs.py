@@ -3,7 +3,7 @@ real runner (``pkobatch job run``) and the real Pulumi CLI, test programs in rea
 repositories served over HTTP with basic auth.
 
 Each test starts the controller as a process under its own ServiceAccount with the RBAC of
-deploy/kustomize/base (tests/controller_harness.py), with a 1 s retry base and a 2 s branch
+deploy/kustomize/base (tests/helpers/controller_harness.py), with a 1 s retry base and a 2 s branch
 polling interval so PKO's schedule runs in seconds.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller_harness import (
+from helpers.controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     LOOPBACK_GIT_HOST,
     ControllerProcess,
@@ -41,8 +41,8 @@ from controller_harness import (
     wait_other_job,
     wait_stack,
 )
-from sentinels import plant
-from stale_lock import backend_locks, held_lock
+from helpers.sentinels import plant
+from helpers.stale_lock import backend_locks, held_lock
 
 from pkobatch.api.constants import (
     FINALIZER,

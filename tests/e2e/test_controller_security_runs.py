@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller_harness import (
+from helpers.controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     ControllerProcess,
     apply_stack,

@@ -1,11 +1,11 @@
 """PKO's other sources end to end: real control plane, controller under its own RBAC, real
 runner and Pulumi CLI.
 
-- ``fluxSource``: Flux's real source-controller (tests/flux_source_controller.py) reconciles
+- ``fluxSource``: Flux's real source-controller (tests/helpers/flux_source_controller.py) reconciles
   a ``GitRepository`` of a loopback git repository; the Stack waits while it has no
   artifact, runs each new artifact revision once, and refuses an artifact whose bytes do not
   match the recorded digest.
-- ``gitAuth.githubApp``: the loopback GitHub API of tests/github_app_server.py (HTTPS, a
+- ``gitAuth.githubApp``: the loopback GitHub API of tests/helpers/github_app_server.py (HTTPS, a
   test CA) exchanges the app's JWT for an installation token, and its ``git http-backend``
   accepts only such tokens; the branch poller and the run both go through the exchange. A
   wrong key is ``SourceUnavailable``; no key, JWT or token appears anywhere.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,

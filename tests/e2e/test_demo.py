@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch, row
+from helpers.dev_env import alive, environment_pids, leftovers, listening_ports, pkobatch, row
 
 from pkobatch.dev.processes import wait_until
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,

@@ -3,7 +3,7 @@
 The Stacks are taken from the live control plane while the real controller runs them with
 the real Pulumi CLI; their health is computed by Argo CD's own health check for
 ``pulumi.com/Stack`` (its Lua script, in Lua 5.1) and by kstatus (sigs.k8s.io/cli-utils,
-what Flux's ``healthChecks`` use) — see tests/health_checks.py. docs/gitops.md tells users
+what Flux's ``healthChecks`` use) — see tests/helpers/health_checks.py. docs/gitops.md tells users
 the same table.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
@@ -22,7 +22,7 @@ from controller_harness import (
     stack_spec,
     wait_stack,
 )
-from health_checks import ArgoCDHealth, KStatus, argocd_test_cases
+from helpers.health_checks import ArgoCDHealth, KStatus, argocd_test_cases
 from test_controller_runs import request
 
 from pkobatch.api.constants import FINALIZER

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import (
+from helpers.controller_harness import (
     INSECURE_HTTP_GIT_HOSTS,
     LOOPBACK_GIT_HOST,
     apply_stack,
@@ -44,7 +44,7 @@ from controller_harness import (
     stack_spec,
     wait_stack,
 )
-from deploy_render import (
+from helpers.deploy_render import (
     CHART,
     CI_VALUES,
     KUBECTL,
@@ -54,7 +54,7 @@ from deploy_render import (
     helm,
     rendered,
 )
-from promql_names import metric_names
+from helpers.promql_names import metric_names
 
 from pkobatch import __version__
 from pkobatch.dev.environment import LOCAL_JOB_COMMAND

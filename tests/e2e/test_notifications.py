@@ -23,16 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller_harness import (
-    ControllerProcess,
-    apply_stack,
-    bind_runner,
-    condition,
-    free_port,
-    ready,
-    stack_spec,
-    wait_stack,
-)
 from fixture_plugins.receivers import (
     HELD,
     HangingServer,
@@ -43,7 +33,17 @@ from fixture_plugins.receivers import (
     pending,
     receivers,
 )
-from sentinels import plant
+from helpers.controller_harness import (
+    ControllerProcess,
+    apply_stack,
+    bind_runner,
+    condition,
+    free_port,
+    ready,
+    stack_spec,
+    wait_stack,
+)
+from helpers.sentinels import plant
 from test_program_runtimes import PROGRAM_RULES, grant_program_rules, kubernetes_spec
 
 from pkobatch.dev.processes import wait_until

@@ -5,7 +5,7 @@ buildable here), programs that manage real Kubernetes objects through the Kubern
 machine without ``pulumi-language-nodejs``.
 
 Git repositories are served over HTTP with basic auth; the controller runs as its own
-ServiceAccount (tests/controller_harness.py) and the runs as ``pkobatch-runner`` with the
+ServiceAccount (tests/helpers/controller_harness.py) and the runs as ``pkobatch-runner`` with the
 runner ClusterRole plus, for the Kubernetes programs, a Role naming exactly the objects they
 manage.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,

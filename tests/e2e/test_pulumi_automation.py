@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.sentinels import ArgumentWatch, plant
 from pulumi import automation as auto
-from sentinels import ArgumentWatch, plant
 
 from pkobatch.runner.cancel import Budget, Cancellation
 from pkobatch.runner.pulumi_cli import RunnerWorkspace

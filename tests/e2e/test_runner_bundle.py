@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,

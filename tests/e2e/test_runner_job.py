@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from sentinels import plant
+from helpers.sentinels import plant
 
 from pkobatch.api.constants import (
     MANAGED_BY_LABEL,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from stale_lock import leave_stale_lock, lock_directory_files
+from helpers.stale_lock import leave_stale_lock, lock_directory_files
 
 from pkobatch.api.run import MAX_RESULT_BYTES, MAX_RESULT_OUTPUTS, RunResult
 from pkobatch.dev.processes import wait_until

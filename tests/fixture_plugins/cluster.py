@@ -31,7 +31,7 @@ controller's pods as local processes, with ``crds/`` installed.
                                    for subprocesses (e.g. `python -m pkobatch.main controller`)
 
 ``flux_crds`` -> Path: Flux's source CRDs, installed; ``flux_source_controller`` ->
-``SourceController`` (tests/flux_source_controller.py): Flux's real source-controller on
+``SourceController`` (tests/helpers/flux_source_controller.py): Flux's real source-controller on
 ``cluster``.
 
 ``real_node_tools`` -> ``Tools`` with the real node's components, after checking all it
@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sentinels import Leak, planted, report, scan_objects
+from helpers.sentinels import Leak, planted, report, scan_objects
 
 from fixture_plugins.tools import in_ci, require_tools
 from pkobatch.dev import processes
@@ -319,9 +319,9 @@ def flux_crds(cluster: Cluster) -> Path:
 def flux_source_controller(
     cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
-    """``SourceController`` (tests/flux_source_controller.py): Flux's real source-controller
+    """``SourceController`` (tests/helpers/flux_source_controller.py): Flux's real source-controller
     running against the local control plane, its CRDs installed, artifacts on loopback."""
-    from flux_source_controller import source_controller
+    from helpers.flux_source_controller import source_controller
 
     directory = require_tools(("source_controller",)).bin_dir("source_controller")
     state = tmp_path_factory.mktemp("source-controller")

@@ -15,9 +15,9 @@ HTTP basic auth. It accepts two kinds of credentials:
                                                 authorization)`` (whether credentials came)
 
 It is plain http on loopback, so pkobatch sends it credentials only with the opt-in
-``PKOBATCH_INSECURE_HTTP_GIT_HOSTS=127.0.0.1`` (tests/controller_harness.py sets it).
+``PKOBATCH_INSECURE_HTTP_GIT_HOSTS=127.0.0.1`` (tests/helpers/controller_harness.py sets it).
 
-``github_app`` -> ``GitHubAppServer`` (tests/github_app_server.py).
+``github_app`` -> ``GitHubAppServer`` (tests/helpers/github_app_server.py).
 
 Function scope
 --------------
@@ -73,7 +73,7 @@ from typing import Any
 
 import pytest
 import yaml
-from sentinels import register
+from helpers.sentinels import register
 
 from fixture_plugins.tools import in_ci
 
@@ -333,10 +333,10 @@ def git_repo(git_server: GitServer, tmp_path: Path) -> Callable[..., GitRepo]:
 
 @pytest.fixture(scope="session")
 def github_app(git_server: GitServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """``GitHubAppServer`` (tests/github_app_server.py): GitHub's installation-token endpoint
-    over HTTPS on loopback, in front of the repositories ``git_repo`` makes; git needs a
-    token it issued. Clients trust its CA through ``SSL_CERT_FILE``/``GIT_SSL_CAINFO``."""
-    from github_app_server import github_app_server
+    """``GitHubAppServer`` (tests/helpers/github_app_server.py): GitHub's installation-token
+    endpoint over HTTPS on loopback, in front of the repositories ``git_repo`` makes; git
+    needs a token it issued. Clients trust its CA through ``SSL_CERT_FILE``/``GIT_SSL_CAINFO``."""
+    from helpers.github_app_server import github_app_server
 
     state = tmp_path_factory.mktemp("github-app")
     with github_app_server(git_server.root, state) as server:

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from controller_harness import literal, secret
+from helpers.controller_harness import literal, secret
 
 from fixture_plugins.cluster import Cluster
 from fixture_plugins.images import unavailable

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sentinels import register
+from helpers.sentinels import register
 
 from pkobatch.dev.tools import PULUMI_PLUGINS, available_tools
 

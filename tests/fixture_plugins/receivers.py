@@ -36,8 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from controller_harness import create_secret
-from sentinels import record_received
+from helpers.controller_harness import create_secret
+from helpers.sentinels import record_received
 
 from pkobatch.kube.client import Kube
 

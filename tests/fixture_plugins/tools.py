@@ -87,7 +87,8 @@ def kubernetes_provider(yaml_host: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def health_tools() -> Tools:
-    """Argo CD's health check for Stacks and the kstatus program (tests/health_checks.py)."""
+    """Argo CD's health check for Stacks and the kstatus program
+    (tests/helpers/health_checks.py)."""
     return require_tools(("argocd_health", "kstatus"))
 
 

@@ -11,7 +11,7 @@ is Complete or Failed.
 ``job_pods(namespace, job_name)`` -> the Job's pods.
 
 ``controller_rbac`` (session): the controller's ServiceAccount and RBAC, for tests that run
-the real controller (tests/controller_harness.py).
+the real controller (tests/helpers/controller_harness.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from controller_harness import install_controller_rbac
+from helpers.controller_harness import install_controller_rbac
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import JOBS, PODS, Kube

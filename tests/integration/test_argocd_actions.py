@@ -1,5 +1,5 @@
 """Argo CD resource actions for Stacks (deploy/argocd, docs/gitops.md), run as Argo CD runs
-them (tests/health_checks.py) on Stacks read from the real API server.
+them (tests/helpers/health_checks.py) on Stacks read from the real API server.
 
 Each action must send exactly the merge patch the pkobatch command of the same name writes
 (``pkobatch.cli.requests``' patch builders, so the two cannot drift) with values the
@@ -21,7 +21,7 @@ from typing import Any
 import lupa.lua51
 import pytest
 import yaml
-from health_checks import ArgoCDActions
+from helpers.health_checks import ArgoCDActions
 
 from pkobatch.api.annotations import RULE_OF
 from pkobatch.api.constants import (

@@ -3,7 +3,7 @@ spec problems, deletion, shared branch polling, staying idle, and annotations ov
 bounds.
 
 The controller runs as a process under its own ServiceAccount with exactly the RBAC of
-deploy/kustomize/base (tests/controller_harness.py): any call it makes outside those rules
+deploy/kustomize/base (tests/helpers/controller_harness.py): any call it makes outside those rules
 fails these tests.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import ControllerProcess, apply_stack, condition, wait_stack
+from helpers.controller_harness import ControllerProcess, apply_stack, condition, wait_stack
 
 from pkobatch.api.constants import FINALIZER
 from pkobatch.kube.client import NAMESPACES, STACKS, Kube, NotFound

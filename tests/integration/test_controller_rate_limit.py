@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from helpers.controller_harness import (
     CONTROLLER_NAMESPACE,
     CONTROLLER_SA,
     ControllerProcess,

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from fixture_plugins.receivers import Receiver, hook_secret, pending, receivers
+from helpers.controller_harness import (
     CONTROLLER_NAMESPACE,
     CONTROLLER_SA,
     NOTIFICATIONS_ALLOWED_CIDRS,
@@ -22,7 +23,6 @@ from controller_harness import (
     wait_events,
     wait_stack,
 )
-from fixture_plugins.receivers import Receiver, hook_secret, pending, receivers
 
 from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import (

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA
+from helpers.controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import JOBS, SECRETS, Kube, KubeError

@@ -1,7 +1,7 @@
 """No privilege escalation through a Stack, on the real control plane.
 
 The controller runs under its own ServiceAccount with the RBAC of deploy/kustomize/base
-(tests/controller_harness.py). A Stack whose templates would give its run a pod beyond the
+(tests/helpers/controller_harness.py). A Stack whose templates would give its run a pod beyond the
 Pod Security level, or another ServiceAccount, never gets a Job: the API server refuses the
 ServiceAccount forms at admission (CEL), the controller marks the others
 ``Stalled``/``SpecInvalid`` naming the field and the level. And pkobatch's Pod Security
@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
     condition,
     wait_stack,
 )
-from pod_security_probes import CASES, OK
+from helpers.pod_security_probes import CASES, OK
 
 from pkobatch.api.constants import STACK_LABEL
 from pkobatch.api.pod_security import LEVELS, Level, check_pod

@@ -3,7 +3,7 @@
 (``PKOBATCH_SHARDED=true``), three processes under the controller's own RBAC, each with leader
 election on its own Lease.
 
-Runs use ``tests/gated_run.py``: each reads its Job at start (as the runner does, so its
+Runs use ``tests/helpers/gated_run.py``: each reads its Job at start (as the runner does, so its
 result carries the shard label the Job had then) and writes a succeeded result once the test
 opens the Stack's gate — so a Stack can be relabelled while its run is in progress.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import (
+from helpers.controller_harness import (
     CONTROLLER_NAMESPACE,
     CONTROLLER_SA,
     REPO,
@@ -46,7 +46,7 @@ from pkobatch.kube.client import (
 
 pytestmark = pytest.mark.timeout(900)
 JSON = dict[str, Any]
-GATED_RUN = REPO / "tests" / "gated_run.py"
+GATED_RUN = REPO / "tests" / "helpers" / "gated_run.py"
 BASE = REPO / "deploy" / "kustomize" / "base"
 # Controller name -> its settings; "" is the controller of the unlabelled Stacks.
 SHARDS = {

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import alive
+from helpers.dev_env import alive
 
 from pkobatch.dev.controlplane import ControlPlane, ControlPlaneError
 from pkobatch.dev.processes import wait_until

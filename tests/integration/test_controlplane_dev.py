@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import apply_stack, condition, wait_stack
-from dev_env import alive, cmdline, environment_pids, leftovers, listening_ports, pkobatch
+from helpers.controller_harness import apply_stack, condition, wait_stack
+from helpers.dev_env import alive, cmdline, environment_pids, leftovers, listening_ports, pkobatch
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.dev.supervisor import read_status

@@ -1,4 +1,4 @@
-"""The sentinel scan itself (tests/sentinels.py): a deliberately leaked sentinel is found in
+"""The sentinel scan itself (tests/helpers/sentinels.py): a deliberately leaked sentinel is found in
 every kind of place it covers (objects, logs, process arguments, what a test's receivers
 got), and a leak fails the pytest session that made it.
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from sentinels import (
+from helpers.sentinels import (
     ArgumentWatch,
     encodings,
     record_received,
@@ -207,7 +207,7 @@ def test_a_sentinel_in_what_a_test_receiver_got_is_found() -> None:
 
 
 def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess[str]:
-    """A separate pytest session with the sentinel fixtures of tests/sentinels.py."""
+    """A separate pytest session with the sentinel fixtures of tests/helpers/sentinels.py."""
     root = tmp_path / "inner"
     root.mkdir(parents=True)
     (root / "conftest.py").write_text(
@@ -240,7 +240,7 @@ def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess
 
 
 LEAKY_TEST = """
-import sentinels
+from helpers import sentinels
 
 def test_plants_a_sentinel_and_leaks_it(tmp_path):
     value = sentinels.plant("leaky")
@@ -248,7 +248,7 @@ def test_plants_a_sentinel_and_leaks_it(tmp_path):
 """
 
 CLEAN_TEST = """
-import sentinels
+from helpers import sentinels
 
 def test_plants_a_sentinel_and_keeps_it(tmp_path):
     value = sentinels.plant("kept")

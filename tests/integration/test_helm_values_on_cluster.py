@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from deploy_render import KUBECTL, Obj, template
+from helpers.deploy_render import KUBECTL, Obj, template
 
 from pkobatch.dev.processes import wait_until
 

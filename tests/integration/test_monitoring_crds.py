@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_render import KUBECTL, KUSTOMIZE, template, user_kustomization
+from helpers.deploy_render import KUBECTL, KUSTOMIZE, template, user_kustomization
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import CRDS

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import grant_role
-from dev_env import alive
+from helpers.controller_harness import grant_role
+from helpers.dev_env import alive
 
 from pkobatch.dev.memory_limit import MemoryCgroup
 from pkobatch.dev.node_agent import NodeAgent

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controller_harness import ControllerProcess
+from helpers.controller_harness import ControllerProcess
 
 from pkobatch.dev.processes import free_port, wait_until
 from pkobatch.kube.client import PROGRAMS, Kube

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller_harness import (
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA
+from helpers.controller_harness import CONTROLLER_NAMESPACE, CONTROLLER_SA
 
 from pkobatch.config import Settings, load_settings
 from pkobatch.controller.composition import CONTROLLER_NAME, build_manager

@@ -4,7 +4,7 @@ its images: tests/fixture_plugins/node_images.py).
 ``wait_pod(namespace, name, done, timeout=300)`` -> the pod on ``node_cluster`` once
 ``done(pod)`` is true.
 
-``node_controller`` -> ``ControllerProcess`` (tests/controller_harness.py): the controller
+``node_controller`` -> ``ControllerProcess`` (tests/helpers/controller_harness.py): the controller
 as a host process for the test's namespace, its injected runs copying the runner bundle from
 ``runner_bundle_image``, with the runner's RBAC and the Secret ``pulumi`` (``PASSPHRASE``)
 that ``yaml_stack`` (fixture_plugins/node_images.py) refers to.
@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from fixture_plugins.cluster import Cluster
+from fixture_plugins.node_images import PASSPHRASE, RUNNER_BUNDLE_PATH
+from helpers.controller_harness import (
     ControllerProcess,
     bind_runner,
     create_secret,
     install_controller_rbac,
 )
-from fixture_plugins.cluster import Cluster
-from fixture_plugins.node_images import PASSPHRASE, RUNNER_BUNDLE_PATH
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import PODS, Kube, Resource

@@ -15,7 +15,9 @@ import re
 from typing import Any
 
 import pytest
-from controller_harness import (
+from fixture_plugins.cluster import Cluster
+from fixture_plugins.node_images import BroughtImage, yaml_stack
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     last_update,
@@ -24,8 +26,6 @@ from controller_harness import (
     stack_jobs,
     wait_stack,
 )
-from fixture_plugins.cluster import Cluster
-from fixture_plugins.node_images import BroughtImage, yaml_stack
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import PODS

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import pkobatch, row
 from fixture_plugins.images import Images
+from helpers.dev_env import pkobatch, row
 from test_real_node_dev import NOTHING_LEFT, what_is_left
 
 from pkobatch.api.constants import CONDITION_READY, RUN_CONTAINER_NAME

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from fixture_plugins.cluster import Cluster
+from fixture_plugins.node_images import NodeImage, yaml_stack
+from helpers.controller_harness import (
     ControllerProcess,
     applied_at,
     apply_stack,
@@ -42,9 +44,7 @@ from controller_harness import (
     wait_stack,
     wait_version_too_low,
 )
-from fixture_plugins.cluster import Cluster
-from fixture_plugins.node_images import NodeImage, yaml_stack
-from sentinels import plant
+from helpers.sentinels import plant
 from test_run_behaviour import run_pods, wait_run_pod  # the tier's run-pod helpers
 
 from pkobatch.api.constants import RUN_CONTAINER_NAME

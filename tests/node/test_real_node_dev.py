@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dev_env import alive, cmdline, leftovers, pkobatch
+from helpers.dev_env import alive, cmdline, leftovers, pkobatch
 
 from pkobatch.dev.node import NodePaths
 from pkobatch.dev.node_network import node_network_names

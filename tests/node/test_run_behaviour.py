@@ -1,4 +1,4 @@
-"""Runs on real containers: the controller (a host process, tests/controller_harness.py)
+"""Runs on real containers: the controller (a host process, tests/helpers/controller_harness.py)
 makes each run's Job, the kubelet runs its pod — an init container copies the runner bundle
 from ``runner_bundle_image`` and the run container executes it in ``pulumi_yaml_image``
 (tests/fixture_plugins/node_images.py) — and the runner writes its result through the
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_harness import (
+from fixture_plugins.cluster import Cluster
+from fixture_plugins.node_images import PASSPHRASE, NodeImage, yaml_stack
+from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     condition,
@@ -27,8 +29,6 @@ from controller_harness import (
     wait_events,
     wait_stack,
 )
-from fixture_plugins.cluster import Cluster
-from fixture_plugins.node_images import PASSPHRASE, NodeImage, yaml_stack
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import NAMESPACES, PODS

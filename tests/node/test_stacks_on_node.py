@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import pytest
-from controller_harness import (
+from fixture_plugins.cluster import Cluster
+from fixture_plugins.git import GitRepo, GitServer
+from fixture_plugins.images import Images
+from fixture_plugins.node_images import NodeImage
+from helpers.controller_harness import (
     apply_stack,
     bind_runner,
     create_secret,
@@ -34,10 +38,6 @@ from controller_harness import (
     stack_jobs,
     wait_stack,
 )
-from fixture_plugins.cluster import Cluster
-from fixture_plugins.git import GitRepo, GitServer
-from fixture_plugins.images import Images
-from fixture_plugins.node_images import NodeImage
 from test_install import (
     CONTROLLER_NAMESPACE,
     apply_kustomization,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dev_env import alive
+from helpers.dev_env import alive
 
 from pkobatch.dev import processes
 from pkobatch.dev.processes import wait_until

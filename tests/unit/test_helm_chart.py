@@ -2,7 +2,7 @@
 
 One source of truth: for every kustomize install (base, overlays, components, runner) the
 chart renders the same objects in substance with the matching ``ci/*-values.yaml``; what
-differs is listed in ``assert_same_objects`` (tests/deploy_render.py) and nowhere else
+differs is listed in ``assert_same_objects`` (tests/helpers/deploy_render.py) and nowhere else
 (Helm's own labels, the Namespace object Helm does not own, the hash suffix kustomize gives
 a generated ConfigMap, the install's labels on the CRD, which Helm applies from ``crds/``
 untemplated). The kustomize install is checked against pkobatch's code in
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_render import (
+from helpers.deploy_render import (
     CHART,
     CI_VALUES,
     KUSTOMIZE,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_render import NAMESPACED_DEFAULT, Obj, helm, template
+from helpers.deploy_render import NAMESPACED_DEFAULT, Obj, helm, template
 from test_helm_chart import CHART
 
 from pkobatch.cli.diagnostics import CONTROLLER_SELECTOR, controller_deployments

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_render import (
+from helpers.deploy_render import (
     KUSTOMIZE,
     NAMESPACED_DEFAULT,
     SYSTEM_NAMESPACE,

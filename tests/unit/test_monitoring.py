@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from promql_names import metric_names
+from helpers.promql_names import metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "deploy" / "kustomize" / "components" / "monitoring"

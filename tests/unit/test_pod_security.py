@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pod_security_probes import CASES, OK, restricted_pod, with_container
+from helpers.pod_security_probes import CASES, OK, restricted_pod, with_container
 
 from pkobatch.api.pod_security import (
     BASELINE_CAPABILITIES,

@@ -46,3 +46,10 @@ def test_unit_tests_of_controller_modules_carry_the_controller_prefix() -> None:
         and not path.stem.startswith("test_controller_")
     )
     assert unprefixed == [], f"name these test_controller_<module>...: {unprefixed}"
+
+
+def test_shared_test_helpers_live_in_the_helpers_package() -> None:
+    """Code the tiers share is in ``tests/helpers`` (plain modules) or ``tests/fixture_plugins``
+    (pytest plugins), so that ``tests/`` itself holds only the tiers and conftest.py."""
+    loose = sorted(path.name for path in TESTS.glob("*.py") if path.name != "conftest.py")
+    assert loose == [], f"move these into tests/helpers/ (or fixture_plugins/): {loose}"

@@ -62,7 +62,7 @@ from pkobatch.kube.client import (
     Resource,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "kustomize" / "base"
 CONTROLLER_NAMESPACE = "pkobatch-system"
 CONTROLLER_SA = "pkobatch-controller"

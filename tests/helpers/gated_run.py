@@ -1,6 +1,6 @@
 """A run program for controller tests that must act while a run is in progress.
 
-    PKOBATCH_JOB__COMMAND=<python>,tests/gated_run.py,<gate directory>
+    PKOBATCH_JOB__COMMAND=<python>,tests/helpers/gated_run.py,<gate directory>
 
 The controller appends ``--snapshot <json>``. Like the real runner, the run reads its own Job
 at start (``ResultWriter.load_job``: the result copies that Job's labels as they were then);

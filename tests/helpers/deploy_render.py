@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE = REPO / "deploy" / "kustomize"
 CHART = REPO / "deploy" / "helm" / "pkobatch"
 CI_VALUES = CHART / "ci"

@@ -1,0 +1,1 @@
+"""Helpers the test tiers share (fixtures live in tests/fixture_plugins)."""
