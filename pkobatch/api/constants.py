@@ -18,6 +18,9 @@ PLURAL: Final = "stacks"
 SINGULAR: Final = "stack"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+# PKO's Workspace and Update objects (pkobatch.api.workspace, pkobatch.api.update).
+AUTO_GROUP: Final = "auto.pulumi.com"
+AUTO_VERSION: Final = "v1alpha1"
 
 FINALIZER: Final = "finalizer.stack.pulumi.com"
 RECONCILE_REQUEST_ANNOTATION: Final = "pulumi.com/reconciliation-request"

@@ -28,6 +28,20 @@ ANY_JSON = CrdHint(schema=PRESERVE_UNKNOWN)
 INT64 = CrdHint(extra={"format": "int64"})
 INT32 = CrdHint(extra={"format": "int32"})
 ATOMIC_LIST = CrdHint(extra={"x-kubernetes-list-type": "atomic"})
+INT_OR_STRING = CrdHint(schema={"x-kubernetes-int-or-string": True})
+
+
+def map_list(*keys: str) -> CrdHint:
+    """A list merged by ``keys`` (kubebuilder's ``+listType=map``)."""
+    return CrdHint(
+        extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+    )
+
+
+def default(value: Any) -> CrdHint:
+    """A default the API server applies (kubebuilder's ``+default``)."""
+    return CrdHint(extra={"default": value})
+
 
 # The pod-spec fields of the Stack's templates that the CRD's CEL rules read. CEL sees only
 # declared properties: the unknown fields a preserve-unknown-fields object keeps are

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers.schema_paths import walk
 
 from pkobatch.api.crd import (
     FLUX_SOURCE_REF_RULES,
@@ -62,16 +63,6 @@ def test_cli_prints_the_crd() -> None:
 
 
 # --- structural schema ---------------------------------------------------------------
-
-
-def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    yield path, schema
-    for name, child in schema.get("properties", {}).items():
-        yield from walk(child, f"{path}.{name}" if path else name)
-    if isinstance(schema.get("items"), dict):
-        yield from walk(schema["items"], f"{path}[]")
-    if isinstance(schema.get("additionalProperties"), dict):
-        yield from walk(schema["additionalProperties"], f"{path}{{}}")
 
 
 def test_schema_is_structural() -> None:

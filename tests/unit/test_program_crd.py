@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers.schema_paths import walk
 
 from pkobatch.api.crd import (
     REGENERATE_PROGRAM_COMMAND,
@@ -41,15 +42,8 @@ def reference() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def paths(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    if path:
-        yield path, node
-    for name, child in (node.get("properties") or {}).items():
-        yield from paths(child, f"{path}.{name}" if path else name)
-    if isinstance(node.get("items"), dict):
-        yield from paths(node["items"], f"{path}[]")
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from paths(node["additionalProperties"], f"{path}.<name>")
+def paths(node: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    return ((path, child) for path, child in walk(node, map_values=".<name>") if path)
 
 
 def schema() -> dict[str, Any]:

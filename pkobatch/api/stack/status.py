@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from pkobatch.api.crd_hints import CrdHint
+from pkobatch.api.crd_hints import CrdHint, map_list
 from pkobatch.api.operation_request import RequestState
 from pkobatch.api.run import ProjectInfo
 from pkobatch.api.stack.base import ApiModel, FreeFormObject, Int64, LooseTime
@@ -229,15 +229,9 @@ class StackStatus(ApiModel):
     outputs: dict[str, Any] | None = Field(
         default=None, description="Stack outputs; secret values are '[secret]'."
     )
-    conditions: (
-        Annotated[
-            list[Condition],
-            CrdHint(
-                extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
-            ),
-        ]
-        | None
-    ) = Field(default=None, description="Ready, Reconciling and Stalled.")
+    conditions: Annotated[list[Condition], map_list("type")] | None = Field(
+        default=None, description="Ready, Reconciling and Stalled."
+    )
     project_info: ProjectInfo | None = Field(
         default=None, description="Project name and runtime of the last successful run."
     )
