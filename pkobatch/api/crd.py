@@ -20,7 +20,9 @@ API server's budget.
 
 ``crds/pulumi.com_stacks.yaml`` is ``render_crd_yaml()`` and ``crds/pulumi.com_programs.yaml``
 is ``render_program_crd_yaml()`` (PKO v2.9's ``Program``, exactly its schema); a unit test
-fails when either is stale.
+fails when either is stale. ``generate_workspace_crd()`` and ``generate_update_crd()`` are
+PKO v2.9's ``auto.pulumi.com`` kinds; they are not in ``crds/`` while nothing reconciles them
+(docs/api.md).
 """
 
 from __future__ import annotations
