@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers.schema_paths import walk
+from pydantic import ValidationError
 
 from pkobatch.api.crd import generate_update_crd, generate_workspace_crd
+from pkobatch.api.update import UpdateSpec
+from pkobatch.api.workspace import WorkspaceSpec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pko"
 PRESERVE = "x-kubernetes-preserve-unknown-fields"
@@ -126,3 +130,17 @@ def test_names_scope_status_and_printer_columns_are_pkos() -> None:
         ),
         ("URL", "string", ".status.permalink", 0),
     ]
+
+
+def test_the_models_read_pko_shaped_manifests_and_refuse_unknown_fields() -> None:
+    documents = {
+        o["kind"]: o
+        for o in yaml.safe_load_all((FIXTURES / "workspace-and-update.yaml").read_text())
+    }
+    workspace = WorkspaceSpec.model_validate(documents["Workspace"]["spec"])
+    update = UpdateSpec.model_validate(documents["Update"]["spec"])
+
+    assert workspace.to_manifest() == documents["Workspace"]["spec"]
+    assert update.to_manifest() == documents["Update"]["spec"]
+    with pytest.raises(ValidationError, match="notAField"):
+        UpdateSpec.model_validate({**documents["Update"]["spec"], "notAField": True})
