@@ -15,13 +15,10 @@ Secret values (the URL, the signing key) are read at delivery time and never lea
 module: logs, Events and metrics name the receiver and its Secret, and every error text is
 scrubbed of both values before it is used.
 
-Each attempt resolves the receiver's host, judges every address
-(``notify.destination_refusal``) and connects to the first one allowed — that address, not
-a second resolution of the name, so a name that resolves differently the next time (DNS
-rebinding) cannot lead the request elsewhere. Requests go straight to the receiver (no
-proxy from the environment: it would connect wherever the name leads) and are never
-redirected. Why an attempt failed goes to the controller's log; the ``NotificationFailed``
-Event gives the Stack's author only a generic reason (``DeliveryFailed.public``).
+Each attempt connects to an address judged before the connection, never through a proxy or
+a redirect (``pkobatch.controller.pinned_post``). Why an attempt failed goes to the
+controller's log; the ``NotificationFailed`` Event gives the Stack's author only a generic
+reason (``DeliveryFailed.public``).
 
 The namespace default is the ConfigMap labelled ``pkobatch.io/notifications=default`` in the
 Stack's namespace, watched by a reflector of its own (only those ConfigMaps).
@@ -31,11 +28,9 @@ from __future__ import annotations
 
 import base64
 import heapq
-import http.client
 import ipaddress
 import itertools
 import logging
-import socket
 import ssl
 import threading
 import time
@@ -66,7 +61,6 @@ from pkobatch.controller.notify import (
     attempts_patch,
     delivered_patch,
     delivery_id,
-    destination_refusal,
     flux_body,
     namespace_default,
     occurrences,
@@ -80,6 +74,7 @@ from pkobatch.controller.notify import (
     webhook_body,
     with_pending,
 )
+from pkobatch.controller.pinned_post import GENERIC_FAILURE, DeliveryFailed, pinned_address, post_to
 from pkobatch.kube.client import CONFIGMAPS, SECRETS, STACKS, Kube, KubeError, NotFound
 from pkobatch.runtime.reflector import Reflector
 from pkobatch.runtime.store import Store
@@ -168,51 +163,6 @@ class _Queued:
     attempt: int = field(compare=False, default=1)
 
 
-# What a NotificationFailed Event says about a delivery that failed for a reason outside the
-# Stack's own configuration: nothing about what answered, or whether anything did.
-GENERIC_FAILURE: Final = "delivery failed"
-
-
-class DeliveryFailed(Exception):
-    """An attempt that got no usable answer: the message (free of secret values) is for the
-    controller's log; ``public`` is all a Stack's Event says; ``status`` is the HTTP status
-    when there was one."""
-
-    def __init__(
-        self, message: str, status: int | None = None, public: str = GENERIC_FAILURE
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.public = public
-
-
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """HTTP to ``host`` (its Host header), connected to the checked ``address``."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self.address, self.port), self.timeout)
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to ``host`` (its Host header, SNI and certificate name), connected to the
-    checked ``address``."""
-
-    def __init__(
-        self, host: str, port: int, address: str, timeout: float, tls: ssl.SSLContext
-    ) -> None:
-        super().__init__(host, port, timeout=timeout, context=tls)
-        self.address = address
-        self.tls = tls
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.address, self.port), self.timeout)
-        self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-
-
 def _snapshot(stack: Mapping[str, Any]) -> JSON:
     meta = stack.get("metadata") or {}
     return {
@@ -225,13 +175,6 @@ def _snapshot(stack: Mapping[str, Any]) -> JSON:
         },
         "spec": {"stack": (stack.get("spec") or {}).get("stack")},
     }
-
-
-def _scrubbed(text: str, *secrets: str) -> str:
-    for value in secrets:
-        if value:
-            text = text.replace(value, "[redacted]")
-    return text
 
 
 class Notifier:
@@ -534,42 +477,14 @@ class Notifier:
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
-        address = self._destination(parts.hostname, port)
+        address = pinned_address(parts.hostname, port, self._denied, self._allowed)
         timeout = self._settings.timeout.total_seconds()
-        connection: http.client.HTTPConnection = (
-            _PinnedHTTPSConnection(parts.hostname, port, address, timeout, self._tls)
-            if parts.scheme == "https"
-            else _PinnedHTTPConnection(parts.hostname, port, address, timeout)
+        tls = self._tls if parts.scheme == "https" else None
+        status = post_to(
+            parts.hostname, port, address, target, body, headers, timeout, tls, (url, key)
         )
-        try:
-            connection.request("POST", target, body=body, headers=headers)
-            status = connection.getresponse().status
-        except (OSError, http.client.HTTPException) as exc:
-            raise DeliveryFailed(_scrubbed(f"no answer from {address}: {exc}", url, key)) from None
-        finally:
-            connection.close()
         if verdict(status, receiver.type) != "sent":
             raise DeliveryFailed(f"{address} answered HTTP {status}", status)
-
-    def _destination(self, host: str, port: int) -> str:
-        """The first address ``host`` resolves to that notifications may go to; a refused or
-        unresolvable host fails like one that does not answer (a retry). The refusal names
-        addresses, not the host (part of the receiver's secret URL)."""
-        try:
-            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            raise DeliveryFailed(f"the receiver's host does not resolve: {exc}") from None
-        refusals = []
-        for *_, sockaddr in found:
-            address = str(sockaddr[0])
-            refusal = destination_refusal(address, self._denied, self._allowed)
-            if refusal is None:
-                return address
-            refusals.append(refusal)
-        raise DeliveryFailed(
-            f"destination refused: {'; '.join(dict.fromkeys(refusals))} (an operator may allow "
-            "a range with PKOBATCH_NOTIFICATIONS__ALLOWED_CIDRS)"
-        )
 
     def _done(self, delivery: Delivery) -> None:
         uid, event_id, name = delivery.key

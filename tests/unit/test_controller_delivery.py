@@ -21,9 +21,10 @@ from prometheus_client import CollectorRegistry
 
 from pkobatch.config import NotificationSettings
 from pkobatch.controller.decision import Decision
-from pkobatch.controller.delivery import Delivery, DeliveryFailed, Notifier, _Queued
+from pkobatch.controller.delivery import Delivery, Notifier, _Queued
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.notify import Receiver
+from pkobatch.controller.pinned_post import DeliveryFailed
 from pkobatch.kube.client import STACKS, Kube, NotFound
 
 STACK = {
