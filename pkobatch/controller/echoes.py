@@ -12,15 +12,27 @@ An event is an echo only if nothing that can ask for work changed: a Stack's gen
 finalizers other than the controller's; a Job's whole cached state but its resourceVersion.
 No event of a Stack being deleted is an echo: the status a destroy's decision writes is
 completed by the next reconcile.
+
+The Job controller's record of a run's start (``job_started``: its pod created, then ready)
+wakes nothing either, though it is not the controller's write: a decision reads those
+fields only to time its checks of a pod that never comes or never starts, and the decision
+before them already asked to come back for those checks (the one that creates a Job asks
+for the first: ``steps.runs.start_run``). The same test checks this over every start the
+Job controller can record in the planner's cases. What ends a run (a finished condition, a
+pod count going down or failing, the Job's deletion) is always news.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Final
 
 from pkobatch.api.constants import FINALIZER
+from pkobatch.api.objects import job_finished
 
+# What the Job controller records of a run's start: its pod's start time, the pod created
+# (``active``), its containers ready. A decision reads only whether they are set.
+JOB_START_FIELDS: Final = ("startTime", "active", "ready")
 # The annotations that ask for work (reconciliation and operation requests, approvals, ...).
 _WORK_ANNOTATION_PREFIXES = ("pulumi.com/", "pkobatch.io/")
 
@@ -72,6 +84,32 @@ def job_event_is_echo(
     if old is None:
         return created
     return _without_version(old) == _without_version(new)
+
+
+def job_started(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Does this Job update only record its run's start: some ``JOB_START_FIELDS`` set that
+    were not (a count of 0 or an absent field is not set), the Job unfinished and not being
+    deleted, nothing else changed but the resourceVersion?"""
+    if old is None or new is None or job_finished(new) or _meta(new).get("deletionTimestamp"):
+        return False
+    old_status, new_status = _set_fields(old), _set_fields(new)
+    if "ready" in new_status and "active" not in new_status:
+        return False  # ready pods are active ones: not a state the Job controller records
+    for field in JOB_START_FIELDS:
+        if field in old_status and old_status[field] != new_status.get(field):
+            return False  # changed or unset once set: not a start
+    rest = {k: v for k, v in old_status.items() if k not in JOB_START_FIELDS}
+    new_rest = {k: v for k, v in new_status.items() if k not in JOB_START_FIELDS}
+    return rest == new_rest and _without_version({**old, "status": {}}) == _without_version(
+        {**new, "status": {}}
+    )
+
+
+def _set_fields(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The Job's status without the fields that are not set (0, absent): the Job controller
+    writes a count of 0 in one version and leaves it out in another."""
+    status = job.get("status")
+    return {k: v for k, v in (status if isinstance(status, Mapping) else {}).items() if v}
 
 
 def _without_version(obj: Mapping[str, Any]) -> dict[str, Any]:

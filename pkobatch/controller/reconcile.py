@@ -36,7 +36,7 @@ from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
 from pkobatch.controller.decide import decide
 from pkobatch.controller.decision import Decision, Observed
 from pkobatch.controller.delivery import Notifier
-from pkobatch.controller.echoes import job_event_is_echo, stack_update_is_echo
+from pkobatch.controller.echoes import job_event_is_echo, job_started, stack_update_is_echo
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.fold import metric_result
 from pkobatch.controller.job_builder import builtin_template, parse_template
@@ -272,15 +272,16 @@ class OwnWrites:
             return True
 
     def echoed_job(self, key: StackKey, old: JSON | None, new: JSON | None) -> bool:
-        """Is this Job event only the echo of this controller's own Job creation, or an
-        update that changed nothing but the resourceVersion?"""
+        """Is this Job event only the echo of this controller's own Job creation, an update
+        that changed nothing but the resourceVersion, or the Job controller's record of the
+        run's start (``echoes.job_started``)?"""
         name = str(((new or old or {}).get("metadata") or {}).get("name") or "")
         with self._lock:
             entry = self._current(key)
             if entry is not None and entry.deferred:
                 return False
             created = entry is not None and name in entry.created_jobs
-            if not job_event_is_echo(old, new, created):
+            if not (job_event_is_echo(old, new, created) or job_started(old, new)):
                 return False
             if entry is not None and created:
                 entry.created_jobs.discard(name)

@@ -1,5 +1,7 @@
-"""Dropping the watch events that echo the controller's own writes (``controller.echoes``) is
-safe: deciding again right after a decision's own writes never brings new work.
+"""Dropping the watch events that echo the controller's own writes, and those that record a
+run's start (``controller.echoes``), is safe: deciding again right after a decision's own
+writes, or after its Job's pod started, never brings new work, nor needs to come back
+sooner than the decision before asked.
 
 The fixed point is checked over the planner's cases: every test of ``decide`` and its steps
 that drives the unit tier's ``World`` runs again here with each ``World.step`` followed by a
@@ -8,11 +10,18 @@ dropped echo could hold up: a Stack being deleted (neither its events nor its de
 creation are ever dropped as echoes) and a decision that asks to be reconciled again at once
 (its own requeue brings it back).
 The Stack's writes to its prerequisites (a poke) are not its own Stack's writes: left out.
+
+After every step, each start the Job controller can record for an unfinished Job (its pod
+created, ready: ``echoes.JOB_START_FIELDS`` set) is checked the same way: deciding with it
+brings nothing that deciding without it does not, and no earlier recheck. A decision reads
+those fields only for whether they are set, so setting them to 1 covers every value.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
+import itertools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -35,8 +44,15 @@ import test_controller_steps_sync
 from decision_world import World
 
 from pkobatch.api.constants import FINALIZER
+from pkobatch.api.objects import job_finished
+from pkobatch.controller.cache_transforms import cache_job
 from pkobatch.controller.decision import Decision
-from pkobatch.controller.echoes import job_event_is_echo, stack_update_is_echo
+from pkobatch.controller.echoes import (
+    JOB_START_FIELDS,
+    job_event_is_echo,
+    job_started,
+    stack_update_is_echo,
+)
 
 PLANNER_CASES: tuple[ModuleType, ...] = (
     test_controller_decide,
@@ -87,11 +103,75 @@ def new_work(after: Decision, world: World, first: Decision) -> list[str]:
     return work
 
 
+def sooner(after: Decision, before: Decision) -> str | None:
+    """Why ``after`` would need a reconcile before the one ``before`` asked for, if it does:
+    dropping the event ``after`` is decided on would lose it. A Job ``before`` deletes
+    brings the Stack back anyway: its deletion is never dropped."""
+    if after.requeue_after is None or before.delete_jobs:
+        return None
+    if before.requeue_after is None or before.requeue_after > after.requeue_after:
+        return f"a recheck in {after.requeue_after}s, where {before.requeue_after} was asked"
+    return None
+
+
+def the_work(decision: Decision) -> tuple[Any, ...]:
+    """Everything a decision would do, for comparing two of them."""
+    return (
+        (decision.create_job or {}).get("metadata", {}).get("name"),
+        decision.finalizer,
+        decision.delete_jobs,
+        decision.delete_results,
+        [c["metadata"]["name"] for c in decision.create_results],
+        decision.decided_status,
+        [(e.type, e.reason, e.message) for e in decision.events],
+    )
+
+
+def starts(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every status the Job controller can record next as ``job``'s pod starts: any of
+    ``JOB_START_FIELDS`` that are not set yet, set (a running Job only; ready pods are
+    active ones)."""
+    if job_finished(job) or "deletionTimestamp" in job["metadata"]:
+        return []
+    status = job.get("status") or {}
+    unset = [f for f in JOB_START_FIELDS if not status.get(f)]
+    value = {"startTime": "2026-01-01T12:00:00Z", "active": 1, "ready": 1}
+    candidates = (
+        {**status, **{f: value[f] for f in fields}}
+        for size in range(1, len(unset) + 1)
+        for fields in itertools.combinations(unset, size)
+    )
+    return [c for c in candidates if c.get("active") or not c.get("ready")]
+
+
+def check_starts(world: World) -> int:
+    """Each start of each of the world's Jobs brings no new work nor an earlier recheck;
+    the number of starts checked."""
+    without = world.decide()
+    checked = 0
+    for name in list(world.jobs):
+        job = world.jobs[name]
+        for started in starts(job):
+            world.jobs[name] = {**job, "status": started}
+            assert job_started(cache_job(copy.deepcopy(job)), cache_job(world.jobs[name]))
+            with_start = world.decide()
+            world.jobs[name] = job
+            assert the_work(with_start) == the_work(without), (
+                f"the start {started} of {name} would have brought new work"
+            )
+            assert sooner(with_start, without) is None, (
+                f"the start {started} of {name} needs {sooner(with_start, without)}"
+            )
+            checked += 1
+    return checked
+
+
 @pytest.mark.parametrize("case", planner_cases())
 def test_deciding_again_after_a_decisions_own_writes_brings_no_new_work(
     case: Callable[[], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checked: list[Decision] = []
+    starts_checked: list[int] = []
     step = World.step
 
     def step_then_decide_again(world: World) -> Decision:
@@ -103,7 +183,14 @@ def test_deciding_again_after_a_decisions_own_writes_brings_no_new_work(
             assert new_work(after, world, first) == [], (
                 f"the echo of {first} would have brought new work"
             )
+            assert sooner(after, first) is None, (
+                f"at {world.now}, the echo of a decision needs {sooner(after, first)}"
+            )
             checked.append(first)
+        if not at_once:
+            starts_checked.append(check_starts(world))
+        if first.create_job is not None and not at_once:
+            assert starts_checked[-1], "the start of the Job just created was not checked"
         return first
 
     monkeypatch.setattr(decision_world.World, "step", step_then_decide_again)
@@ -171,3 +258,43 @@ def test_a_job_event_is_an_echo_only_for_its_own_creation_or_no_change() -> None
     assert job_event_is_echo(job, moved, created=False)
     assert not job_event_is_echo(moved, started, created=True)
     assert not job_event_is_echo(job, None, created=True)
+
+
+def running_job(version: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "app-up-1", "resourceVersion": version}, "status": status}
+
+
+def test_the_record_of_a_runs_start_wakes_nothing() -> None:
+    created = running_job("1")
+    pod_created = running_job("2", startTime="2026-01-01T12:00:00Z", active=1, terminating=0)
+    ready = running_job("3", startTime="2026-01-01T12:00:00Z", active=1, ready=1)
+    assert job_started(created, pod_created)
+    assert job_started(pod_created, ready)
+    assert job_started(created, ready)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ({"active": 1, "ready": 1}, {"active": 1}),  # a ready pod no more
+        ({"active": 1}, {"active": 2}),  # another pod
+        ({"active": 1}, {"active": 1, "failed": 1}),
+        ({"active": 1}, {"active": 0, "succeeded": 1}),
+        ({}, {"ready": 1}),  # ready but not active: never recorded
+        ({"startTime": "2026-01-01T12:00:00Z"}, {"startTime": "2026-01-01T12:05:00Z"}),
+        ({"active": 1}, {"active": 1, "conditions": [{"type": "Failed", "status": "True"}]}),
+    ],
+)
+def test_anything_but_a_runs_start_is_news(before: dict[str, Any], after: dict[str, Any]) -> None:
+    assert not job_started(running_job("1", **before), running_job("2", **after))
+
+
+def test_a_start_of_a_job_being_deleted_or_with_other_changes_is_news() -> None:
+    created = running_job("1")
+    deleting = running_job("2", active=1)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    relabelled = running_job("2", active=1)
+    relabelled["metadata"]["labels"] = {"pkobatch.io/shard": "b"}
+    assert not job_started(created, deleting)
+    assert not job_started(created, relabelled)
+    assert not job_started(None, created) and not job_started(created, None)

@@ -210,6 +210,30 @@ def test_the_watch_events_of_a_reconciles_own_writes_are_echoes() -> None:
     assert not writes.echoed_job(KEY, None, job)  # a Job of the same name made again
 
 
+def test_the_start_of_a_reconciles_job_wakes_nothing_and_its_end_does() -> None:
+    created = new_stack()
+    api = ApiServer(copy.deepcopy(created))
+    stores = Stores.empty()
+    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
+    reconciler = reconciler_on(api, stores)
+    # The Job it creates asks to be looked at once its pod should exist.
+    assert reconciler.reconcile(KEY).requeue_after == 10
+    writes = reconciler.own_writes
+    job = cache_job(copy.deepcopy(api.jobs[0]))
+    started = copy.deepcopy(job)
+    started["metadata"]["resourceVersion"] = "51"
+    started["status"] = {"startTime": "2026-01-01T00:00:01Z", "active": 1, "ready": 1}
+    assert writes.echoed_job(KEY, job, started)
+    finished = copy.deepcopy(started)
+    finished["metadata"]["resourceVersion"] = "52"
+    finished["status"] = {
+        "startTime": "2026-01-01T00:00:01Z",
+        "succeeded": 1,
+        "conditions": [{"type": "Complete", "status": "True"}],
+    }
+    assert not writes.echoed_job(KEY, started, finished)
+
+
 def test_no_echo_is_dropped_while_a_reconcile_waits_for_it() -> None:
     created = new_stack()
     api = ApiServer(copy.deepcopy(created))

@@ -23,6 +23,7 @@ from pkobatch.api.stack.spec import StackSpec
 from pkobatch.config import Settings
 from pkobatch.controller.fold import changes_stack
 from pkobatch.controller.job_builder import RunObjects, build_run, job_name
+from pkobatch.controller.outcome import POD_CREATION_GRACE
 from pkobatch.controller.run_pod import JobBuildError
 from pkobatch.controller.run_snapshot import flux_artifact
 from pkobatch.controller.steps.draft import (
@@ -157,6 +158,9 @@ def start_run(draft: Draft, run: Run, reason: str) -> bool | Refold:
         draft.reconciling(RECONCILING_PROCESSING_REASON, running_message(run, name))
     draft.event("Normal", EVENT_UPDATE_DETECTED, f"{reason}: starting {run.operation} {name}")
     _warn_unverifiable_artifact(draft, name)
+    # Neither the Job's creation nor its start wakes the Stack (``controller.echoes``): look
+    # then whether it got a pod (``settle.fold_job``), as the next decision would ask.
+    draft.requeue_in(POD_CREATION_GRACE)
     return True
 
 

@@ -75,6 +75,8 @@ def settle_current(draft: Draft) -> None:
         assert run is not None
         draft.set_current(run, str(job["metadata"]["name"]))
         repair_inputs(draft, job, run)
+        # Unfinished: only says when to look at its pod, as for a Job this controller made.
+        fold_job(draft, job)
 
 
 def fold_job(draft: Draft, job: Mapping[str, Any]) -> bool:
