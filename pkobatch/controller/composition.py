@@ -103,7 +103,8 @@ def build_manager(
     # A shard's Jobs and results carry its label: each controller caches only its share.
     children = ",".join(part for part in (MANAGED_SELECTOR, settings.shard_selector) if part)
     # Every key is a cached Stack's, so the Stacks' resync covers them all.
-    # The echoes of the Stack reconciler's own writes wake nothing (``controller.echoes``).
+    # The echoes of the Stack reconciler's own writes, and a run's start, wake nothing
+    # (``controller.echoes``).
     own_writes = reconciler.own_writes if isinstance(reconciler, StackReconciler) else None
     watches = [
         Watch(

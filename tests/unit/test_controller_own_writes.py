@@ -190,12 +190,19 @@ def new_stack() -> dict[str, Any]:
     }
 
 
-def test_the_watch_events_of_a_reconciles_own_writes_are_echoes() -> None:
+def reconciler_of_new_stack(
+    enqueuer: Enqueuer | None = None,
+) -> tuple[dict[str, Any], ApiServer, Stores, StackReconciler]:
+    """A Stack just created, the API server and the stores holding it, and a reconciler."""
     created = new_stack()
     api = ApiServer(copy.deepcopy(created))
     stores = Stores.empty()
     stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
-    reconciler = reconciler_on(api, stores)
+    return created, api, stores, reconciler_on(api, stores, enqueuer)
+
+
+def test_the_watch_events_of_a_reconciles_own_writes_are_echoes() -> None:
+    created, api, _, reconciler = reconciler_of_new_stack()
     reconciler.reconcile(KEY)  # Job, finalizer (5 -> 6), status (6 -> 7)
     writes = reconciler.own_writes
     job = cache_job(copy.deepcopy(api.jobs[0]))
@@ -211,11 +218,7 @@ def test_the_watch_events_of_a_reconciles_own_writes_are_echoes() -> None:
 
 
 def test_the_start_of_a_reconciles_job_wakes_nothing_and_its_end_does() -> None:
-    created = new_stack()
-    api = ApiServer(copy.deepcopy(created))
-    stores = Stores.empty()
-    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
-    reconciler = reconciler_on(api, stores)
+    _, api, _, reconciler = reconciler_of_new_stack()
     # The Job it creates asks to be looked at once its pod should exist.
     assert reconciler.reconcile(KEY).requeue_after == 10
     writes = reconciler.own_writes
@@ -235,12 +238,8 @@ def test_the_start_of_a_reconciles_job_wakes_nothing_and_its_end_does() -> None:
 
 
 def test_no_echo_is_dropped_while_a_reconcile_waits_for_it() -> None:
-    created = new_stack()
-    api = ApiServer(copy.deepcopy(created))
-    stores = Stores.empty()
-    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
     enqueuer = Enqueuer()
-    reconciler = reconciler_on(api, stores, enqueuer)
+    created, api, _, reconciler = reconciler_of_new_stack(enqueuer)
     reconciler.reconcile(KEY)
     reconciler.reconcile(KEY)  # woken by something else, finds version 5: waits
     assert enqueuer.queued == []
@@ -252,12 +251,8 @@ def test_no_echo_is_dropped_while_a_reconcile_waits_for_it() -> None:
 def test_a_reconcile_that_waits_for_a_version_the_cache_got_meanwhile_is_queued_again() -> None:
     # The written version's event may be judged an echo (and dropped) between the
     # reconcile's read of the cache and its decision to wait: it queues the Stack itself.
-    created = new_stack()
-    api = ApiServer(copy.deepcopy(created))
-    stores = Stores.empty()
-    stores.stacks.upsert(cache_stack(copy.deepcopy(created)))
     enqueuer = Enqueuer()
-    reconciler = reconciler_on(api, stores, enqueuer)
+    _, api, stores, reconciler = reconciler_of_new_stack(enqueuer)
     reconciler.reconcile(KEY)
     behind = reconciler.own_writes.behind
 
