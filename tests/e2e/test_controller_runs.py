@@ -484,6 +484,16 @@ def test_requested_destroy_holds_until_up_and_cancel_stops_a_run(
     apply_stack(kube, namespace, "app", slow)
     stack = wait_stack(kube, namespace, "app", lambda s: bool(s["status"].get("currentUpdate")))
     running = stack["status"]["currentUpdate"]["name"]
+    # Once its pod runs: a spec edit replaces a run that has not started (as PKO does), and
+    # then there would be nothing left to cancel.
+    wait_until(
+        lambda: any(
+            (pod.get("status") or {}).get("phase") == "Running"
+            for pod in kube.list_objects(PODS, namespace, label_selector=f"job-name={running}")[0]
+        ),
+        timeout=300,
+        what="the slow update's pod to run",
+    )
     suspended = {**slow, "suspend": True}
     apply_stack(kube, namespace, "app", suspended)
     stack = request(kube, namespace, "cancel:t3")
