@@ -18,7 +18,6 @@ class NoopField(NamedTuple):
     reason: str
 
 
-_NO_WORKSPACE: Final = "there is no Workspace object; each run is a Job"
 _FROM_STACK: Final = "pkobatch derives it from the Stack's own fields"
 
 NOOP_FIELDS: Final[tuple[NoopField, ...]] = (
@@ -35,15 +34,6 @@ NOOP_FIELDS: Final[tuple[NoopField, ...]] = (
         "ignored by PKO v2 too; use updateTemplate.spec.expectNoChanges",
     ),
     NoopField(
-        "spec.workspaceTemplate.metadata",
-        f"{_NO_WORKSPACE}; use spec.jobTemplate.metadata for labels and annotations",
-    ),
-    NoopField(
-        "spec.workspaceTemplate.spec.securityProfile",
-        "the Job pod's security context comes from pkobatch's job template (non-root, "
-        "restricted); override it in workspaceTemplate.spec.podTemplate",
-    ),
-    NoopField(
         "spec.workspaceTemplate.spec.serviceTemplate",
         "there is no workspace Service: the controller does not call into the run's pod",
     ),
@@ -51,14 +41,6 @@ NOOP_FIELDS: Final[tuple[NoopField, ...]] = (
     NoopField("spec.workspaceTemplate.spec.flux", f"{_FROM_STACK} (fluxSource)"),
     NoopField("spec.workspaceTemplate.spec.stacks", f"{_FROM_STACK} (stack, config, ...)"),
     NoopField("spec.workspaceTemplate.spec.projectInfo", f"{_FROM_STACK} (status.projectInfo)"),
-    NoopField(
-        "spec.updateTemplate.metadata",
-        "there is no Update object; use spec.jobTemplate.metadata for labels and annotations",
-    ),
-    NoopField(
-        "spec.updateTemplate.spec.ttlAfterCompleted",
-        "finished Jobs and their results are cleaned up by the controller's own TTL setting",
-    ),
     NoopField("spec.updateTemplate.spec.workspaceName", "there is no Workspace object"),
     NoopField("spec.updateTemplate.spec.stackName", "it is always spec.stack"),
     NoopField("spec.updateTemplate.spec.type", "the controller decides the operation of a run"),

@@ -68,6 +68,7 @@ import copy
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -89,6 +90,7 @@ from pkobatch.api.constants import (
     STACK_LABEL,
     STACK_NAME_ANNOTATION,
 )
+from pkobatch.api.durations import parse_duration
 from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
 from pkobatch.api.objects import JSON
 from pkobatch.api.pod_security import Level, Violation, check_pod
@@ -146,6 +148,18 @@ ENV_GRACE_PERIOD: Final = "PKOBATCH_GRACE_PERIOD_SECONDS"
 RUN_INPUT_LABEL: Final = f"{PREFIX}/run-input-of"
 WORKSPACE_POD_TEMPLATE: Final = "spec.workspaceTemplate.spec.podTemplate"
 JOB_POD_SPEC: Final = "spec.jobTemplate.spec"
+WORKSPACE_METADATA: Final = "spec.workspaceTemplate.metadata"
+UPDATE_METADATA: Final = "spec.updateTemplate.metadata"
+# What PKO's restricted security profile adds and its baseline profile lacks.
+BASELINE_RELAXED_POD_FIELDS: Final = ("runAsNonRoot",)
+BASELINE_RELAXED_CONTAINER_FIELDS: Final = (
+    "runAsNonRoot",
+    "allowPrivilegeEscalation",
+    "capabilities",
+)
+# A shorter TTL could delete a finished Job and its result before a busy or restarting
+# controller has folded them (the run would end as vanished).
+MIN_FINISHED_JOB_TTL: Final = timedelta(minutes=10)
 # PKO's init containers (its workspace pod, operator/internal/controller/auto/
 # workspace_controller.go): what each does, and what a template writes for pkobatch instead.
 PKO_INIT_CONTAINERS: Final = {
@@ -283,6 +297,7 @@ def build_run(
     job = _base_job(template, spec, workspace, workspace_env, environment, settings)
     _check_service_account(spec)
     _apply_workspace_template(job, workspace)
+    _apply_template_metadata(job, spec)
     _apply_job_template(job, spec.job_template)
     _apply_invariants(job, name, namespace, labels, annotations, stack_name, uid)
     _apply_run_bounds(job, spec, run, settings)
@@ -334,6 +349,8 @@ def _base_job(
     if not container["envFrom"]:
         del container["envFrom"]
     replace_run_container(pod_spec, container)
+    if workspace is not None and workspace.security_profile == "baseline":
+        _relax_to_baseline(pod_spec)
     pod_spec["serviceAccountName"] = (
         spec.service_account_name
         or (workspace.service_account_name if workspace else None)
@@ -343,6 +360,45 @@ def _base_job(
         settings.termination_grace_period.total_seconds()
     )
     return job
+
+
+def _relax_to_baseline(pod_spec: JSON) -> None:
+    """PKO's ``securityProfile: baseline``: its workspace pod keeps only the pod's
+    RuntimeDefault seccomp profile; the restricted profile's non-root user, no privilege
+    escalation and dropped capabilities are not applied. Here they come from the Job
+    template, so they are taken out of it; the templates merged later may set them again."""
+    pod_context = pod_spec.setdefault("securityContext", {})
+    for field in BASELINE_RELAXED_POD_FIELDS:
+        pod_context.pop(field, None)
+    pod_context["seccompProfile"] = {"type": "RuntimeDefault"}
+    for container in [*(pod_spec.get("initContainers") or []), *pod_spec.get("containers", [])]:
+        context = container.get("securityContext")
+        if not isinstance(context, dict):
+            continue
+        for field in BASELINE_RELAXED_CONTAINER_FIELDS:
+            context.pop(field, None)
+        if not context:
+            del container["securityContext"]
+
+
+def _apply_template_metadata(job: JSON, spec: StackSpec) -> None:
+    """``workspaceTemplate.metadata`` and then ``updateTemplate.metadata``: their labels and
+    annotations go on the Job, the counterpart of PKO's Workspace and Update objects, and not
+    on its pod, as PKO does not put them on its workspace pod (``podTemplate.metadata`` and
+    ``jobTemplate.metadata`` reach the pod)."""
+    metadata = job.setdefault("metadata", {})
+    for field, template in (
+        (WORKSPACE_METADATA, spec.workspace_template),
+        (UPDATE_METADATA, spec.update_template),
+    ):
+        source = (template.metadata if template else None) or {}
+        for kind in ("labels", "annotations"):
+            extra = source.get(kind) or {}
+            if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
+                raise JobBuildError(
+                    f"{field}.{kind} must map names to strings; quote numbers and booleans"
+                )
+            metadata[kind] = {**(metadata.get(kind) or {}), **extra}
 
 
 def _apply_workspace_template(job: JSON, workspace: WorkspaceTemplateSpec | None) -> None:
@@ -424,7 +480,20 @@ def _apply_run_bounds(job: JSON, spec: StackSpec, run: Run, settings: JobSetting
         # plan is used, superseded or rejected (it has no right to delete Secrets itself).
         job_spec.pop("ttlSecondsAfterFinished", None)
     else:
-        job_spec["ttlSecondsAfterFinished"] = int(settings.ttl_after_finished.total_seconds())
+        job_spec["ttlSecondsAfterFinished"] = finished_job_ttl(spec, settings)
+
+
+def finished_job_ttl(spec: StackSpec, settings: JobSettings) -> int:
+    """Seconds a finished Job stays: ``updateTemplate.spec.ttlAfterCompleted`` (PKO's Update
+    TTL) or the controller's setting, never under ``MIN_FINISHED_JOB_TTL``: the Job's result
+    goes with it, and the controller must fold it into the status first."""
+    update = spec.update_template.spec if spec.update_template else None
+    ttl = (
+        parse_duration(update.ttl_after_completed)
+        if update is not None and update.ttl_after_completed is not None
+        else settings.ttl_after_finished
+    )
+    return int(min(max(ttl, MIN_FINISHED_JOB_TTL).total_seconds(), MAX_SPEC_SECONDS))
 
 
 def _apply_runner_inputs(

@@ -531,15 +531,15 @@ def test_noop_fields_in_use_are_detected() -> None:
         "spec.retryOnUpdateConflict",
     }
     custom = StackSpec.model_validate(load("custom-source.yaml")["spec"])
-    assert {n.path for n in noop_fields_in_use(custom)} == {
-        "spec.workspaceReclaimPolicy",
-        "spec.workspaceTemplate.metadata",
-        "spec.workspaceTemplate.spec.securityProfile",
-    }
+    # Its workspaceTemplate.metadata and securityProfile are honoured, not reported.
+    assert {n.path for n in noop_fields_in_use(custom)} == {"spec.workspaceReclaimPolicy"}
     preview = StackSpec.model_validate(load("preview-prerequisites.yaml")["spec"])
-    assert {n.path for n in noop_fields_in_use(preview)} == {
-        "spec.updateTemplate.metadata",
-        "spec.updateTemplate.spec.ttlAfterCompleted",
+    assert {n.path for n in noop_fields_in_use(preview)} == set()
+    service = StackSpec.model_validate(
+        {**BASE, "workspaceTemplate": {"spec": {"serviceTemplate": {"metadata": {}}}}}
+    )
+    assert {n.path for n in noop_fields_in_use(service)} == {
+        "spec.workspaceTemplate.spec.serviceTemplate"
     }
 
 

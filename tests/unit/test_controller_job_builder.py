@@ -388,7 +388,7 @@ def test_workspace_template_is_mapped_onto_the_job() -> None:
         {
             "serviceAccountName": "",
             "workspaceTemplate": {
-                "metadata": {"labels": {"ignored": "yes"}},
+                "metadata": {"labels": {"workspace": "yes"}},
                 "spec": {
                     "image": "registry/runner:1",
                     "imagePullPolicy": "Always",
@@ -429,7 +429,124 @@ def test_workspace_template_is_mapped_onto_the_job() -> None:
     assert {"name": "cache", "emptyDir": {}} in pod["spec"]["volumes"]
     assert pod["metadata"]["labels"]["team"] == "infra"
     assert pod["metadata"]["annotations"]["a"] == "b"
-    assert "ignored" not in job["metadata"].get("labels", {})
+    # PKO puts workspaceTemplate.metadata on its Workspace, not on the workspace pod.
+    assert job["metadata"]["labels"]["workspace"] == "yes"
+    assert "workspace" not in pod["metadata"]["labels"]
+
+
+def test_template_metadata_reaches_the_job_not_its_pod() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {
+                "metadata": {
+                    "labels": {"team": "infra", "layer": "workspace"},
+                    "annotations": {"ws": "1"},
+                }
+            },
+            "updateTemplate": {
+                "metadata": {"labels": {"layer": "update"}, "annotations": {"up": "2"}}
+            },
+            "jobTemplate": {"metadata": {"labels": {"pod": "yes"}}},
+        }
+    )
+    labels = job["metadata"]["labels"]
+    assert labels["team"] == "infra"
+    assert labels["layer"] == "update"  # updateTemplate.metadata after workspaceTemplate's
+    assert labels["pod"] == "yes"
+    assert labels[STACK_LABEL] == "app"
+    assert {"ws": "1", "up": "2"}.items() <= job["metadata"]["annotations"].items()
+    pod_meta = job["spec"]["template"]["metadata"]
+    assert {"team", "layer"}.isdisjoint(pod_meta["labels"])
+    assert {"ws", "up"}.isdisjoint(pod_meta.get("annotations") or {})
+    assert pod_meta["labels"]["pod"] == "yes"
+
+
+def test_template_metadata_cannot_replace_the_run_labels() -> None:
+    job = build({"workspaceTemplate": {"metadata": {"labels": {STACK_LABEL: "other"}}}})
+    assert job["metadata"]["labels"][STACK_LABEL] == "app"
+
+
+def test_template_metadata_values_must_be_strings() -> None:
+    with pytest.raises(JobBuildError, match=r"spec.updateTemplate.metadata.labels .*strings"):
+        build({"updateTemplate": {"metadata": {"labels": {"tier": 1}}}})
+
+
+def test_security_profile_restricted_is_the_default() -> None:
+    for spec in ({}, {"workspaceTemplate": {"spec": {"securityProfile": "restricted"}}}):
+        job = build(spec)
+        pod_spec = job["spec"]["template"]["spec"]
+        assert pod_spec["securityContext"] == {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        assert container(job)["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert check_pod(job["spec"]["template"]["metadata"], pod_spec, "restricted") == []
+
+
+def test_security_profile_baseline_keeps_only_seccomp() -> None:
+    job = build({"workspaceTemplate": {"spec": {"securityProfile": "baseline"}}})
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert "securityContext" not in container(job)
+    assert check_pod(job["spec"]["template"]["metadata"], pod_spec, "baseline") == []
+    assert check_pod(job["spec"]["template"]["metadata"], pod_spec, "restricted") != []
+
+
+def test_security_profile_baseline_under_a_templates_own_context() -> None:
+    job = build(
+        {
+            "workspaceTemplate": {
+                "spec": {
+                    "securityProfile": "baseline",
+                    "podTemplate": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "pulumi",
+                                    "securityContext": {"readOnlyRootFilesystem": True},
+                                }
+                            ]
+                        }
+                    },
+                }
+            }
+        }
+    )
+    assert container(job)["securityContext"] == {"readOnlyRootFilesystem": True}
+
+
+def test_security_profile_baseline_refused_under_a_restricted_operator() -> None:
+    with pytest.raises(JobBuildError, match="restricted"):
+        build(
+            {"workspaceTemplate": {"spec": {"securityProfile": "baseline"}}},
+            JobSettings(pod_security_level="restricted"),
+        )
+
+
+def test_security_profile_outside_pkos_values_is_invalid() -> None:
+    with pytest.raises(ValueError, match="securityProfile"):
+        StackSpec.model_validate(
+            {"stack": "dev", "workspaceTemplate": {"spec": {"securityProfile": "privileged"}}}
+        )
+
+
+@pytest.mark.parametrize(
+    ("ttl", "seconds"),
+    [("1h", 3600), ("90m", 5400), ("1m", 600), ("0s", 600), ("100000h", MAX_SPEC_SECONDS)],
+)
+def test_update_ttl_after_completed_is_the_jobs_ttl(ttl: str, seconds: int) -> None:
+    job = build({"updateTemplate": {"spec": {"ttlAfterCompleted": ttl}}})
+    assert job["spec"]["ttlSecondsAfterFinished"] == seconds
+
+
+def test_update_ttl_after_completed_must_be_a_duration() -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        StackSpec.model_validate(
+            {"stack": "dev", "updateTemplate": {"spec": {"ttlAfterCompleted": "a day"}}}
+        )
 
 
 def test_stack_service_account_wins() -> None:

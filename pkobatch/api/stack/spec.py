@@ -235,11 +235,19 @@ class WorkspaceTemplateSpec(OpenApiModel):
         "(the bound only refuses values no Pulumi log level uses).",
     )
     local: LocalSource | None = Field(default=None, description="Program baked into the image.")
+    security_profile: Literal["baseline", "restricted"] | None = Field(
+        default=None,
+        description="PKO's security profile of the run's pod: 'restricted' (the default: "
+        "non-root, no privilege escalation, all capabilities dropped) or 'baseline' (only "
+        "the RuntimeDefault seccomp profile), before podTemplate and jobTemplate.",
+    )
 
 
 class WorkspaceTemplate(OpenApiModel):
     metadata: FreeFormObject | None = Field(
-        default=None, description="No-op in pkobatch (there is no Workspace object)."
+        default=None,
+        description="Labels and annotations added to every Job (PKO puts them on its "
+        "Workspace object, not its pod; use podTemplate.metadata for the pod).",
     )
     spec: WorkspaceTemplateSpec | None = Field(
         default=None, description="Workspace settings; see docs/migration.md for the mapping."
@@ -275,11 +283,25 @@ class UpdateTemplateSpec(OpenApiModel):
     remove: bool | None = Field(
         default=None, description="Remove the stack from the backend after a destroy."
     )
+    ttl_after_completed: str | None = Field(
+        default=None,
+        description="How long a finished run's Job (and its result) stays, e.g. '1h': its "
+        "ttlSecondsAfterFinished, at least 10m; PKO's Update TTL.",
+    )
+
+    @field_validator("ttl_after_completed")
+    @classmethod
+    def _check_ttl(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
 
 
 class UpdateTemplate(OpenApiModel):
     metadata: FreeFormObject | None = Field(
-        default=None, description="No-op in pkobatch (there is no Update object)."
+        default=None,
+        description="Labels and annotations added to every Job (PKO puts them on its "
+        "Update object).",
     )
     spec: UpdateTemplateSpec | None = Field(
         default=None, description="Per-run Pulumi options; see docs/migration.md."
