@@ -1,6 +1,6 @@
 """The controller against the real control plane, for what needs no Pulumi run: finalizer,
-spec problems, deletion, shared branch polling, staying idle, and annotations over their
-bounds.
+spec problems, PKO's template fields, deletion, shared branch polling, staying idle, and
+annotations over their bounds.
 
 The controller runs as a process under its own ServiceAccount with exactly the RBAC of
 deploy/kustomize/base (tests/helpers/controller_harness.py): any call it makes outside those rules
@@ -42,6 +42,7 @@ from pkobatch.kube.client import (
     CONFIGMAPS,
     EVENTS,
     JOBS,
+    PODS,
     PROGRAMS,
     SECRETS,
     STACKS,
@@ -257,6 +258,74 @@ def test_alias_dialect_notes_read_well_and_come_once_per_generation(
     (note,) = notes()
     assert (note.get("series") or {}).get("count", 1) == 1
     assert note.get("deprecatedCount", 1) == 1
+
+
+# -- PKO's template fields: mapped onto the Job, or reported --------------------------------
+
+
+def test_template_fields_reach_the_job_and_service_template_is_reported(
+    controller: ControllerProcess, kube: Kube, namespace: str
+) -> None:
+    """What maps onto a Job reaches the stored Job and the pod the Job controller makes of
+    it (the node agent ignores security contexts: this proves what the pod is given, not what
+    a kubelet enforces); serviceTemplate is named in the SpecNotes Event."""
+    spec = {
+        "stack": "dev",
+        "workspaceTemplate": {
+            "metadata": {
+                "labels": {"azure.workload.identity/use": "true"},
+                "annotations": {"team.example.com/owner": "infra"},
+            },
+            "spec": {
+                "securityProfile": "baseline",
+                "serviceTemplate": {"metadata": {"labels": {"exposed": "no"}}},
+            },
+        },
+        "updateTemplate": {
+            "metadata": {"labels": {"run-kind": "pulumi"}},
+            "spec": {"ttlAfterCompleted": "2h"},
+        },
+    }
+    apply_stack(kube, namespace, "templated", spec)
+
+    def jobs() -> list[JSON]:
+        found, _ = kube.list_objects(JOBS, namespace, label_selector=f"{STACK_LABEL}=templated")
+        return found
+
+    wait_until(lambda: bool(jobs()), timeout=90, what="the Stack's Job")
+    job = jobs()[0]
+    assert job["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert job["metadata"]["labels"]["run-kind"] == "pulumi"
+    assert job["metadata"]["annotations"]["team.example.com/owner"] == "infra"
+    assert job["spec"]["ttlSecondsAfterFinished"] == 7200
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    (runner,) = [c for c in pod_spec["containers"] if c["name"] == "pulumi"]
+    assert "securityContext" not in runner
+
+    def pods() -> list[JSON]:
+        found, _ = kube.list_objects(
+            PODS, namespace, label_selector=f"job-name={job['metadata']['name']}"
+        )
+        return found
+
+    wait_until(lambda: bool(pods()), timeout=90, what="the Job's pod")
+    pod = pods()[0]
+    # As in PKO, whose workspace pod does not get workspaceTemplate.metadata.
+    assert "azure.workload.identity/use" not in pod["metadata"]["labels"]
+    assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+
+    (note,) = wait_events(
+        kube,
+        namespace,
+        lambda e: e["reason"] == "SpecNotes" and e["regarding"]["name"] == "templated",
+        timeout=60,
+        what="the SpecNotes Event",
+    )
+    assert note["type"] == "Normal"
+    assert note["note"].startswith("spec.workspaceTemplate.spec.serviceTemplate is ignored: ")
+    for honoured in ("metadata", "securityProfile", "ttlAfterCompleted"):
+        assert honoured not in note["note"]
 
 
 # -- wedges (issue 11): no Stack waits forever or loops on bad input ----------------------

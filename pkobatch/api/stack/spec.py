@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pkobatch.api.constants import FLUX_SOURCE_GROUP
 from pkobatch.api.crd_hints import (
@@ -38,6 +38,15 @@ from pkobatch.api.stack.normalize import normalize_spec
 
 MAX_PULUMI_LOG_LEVEL: Final = 20
 ENV_SECRETS_SCHEMA = CrdHint(schema={"type": "array", "items": dict(PRESERVE_UNKNOWN)})
+
+
+def _checked_duration(value: str) -> str:
+    parse_duration(value)
+    return value
+
+
+# A Go duration string ("90s", "1h30m"), kept as written.
+GoDuration = Annotated[str, AfterValidator(_checked_duration)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,18 +179,11 @@ class ConfigMapRef(ApiModel):
 
 
 class RequirementSpec(ApiModel):
-    succeeded_within_duration: str | None = Field(
+    succeeded_within_duration: GoDuration | None = Field(
         default=None,
         description="The prerequisite must have succeeded within this duration (e.g. '1h'); "
         "an older success triggers a re-run of the prerequisite first.",
     )
-
-    @field_validator("succeeded_within_duration")
-    @classmethod
-    def _check_duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)
-        return value
 
 
 class PrerequisiteRef(ApiModel):
@@ -283,18 +285,11 @@ class UpdateTemplateSpec(OpenApiModel):
     remove: bool | None = Field(
         default=None, description="Remove the stack from the backend after a destroy."
     )
-    ttl_after_completed: str | None = Field(
+    ttl_after_completed: GoDuration | None = Field(
         default=None,
         description="How long a finished run's Job (and its result) stays, e.g. '1h': its "
         "ttlSecondsAfterFinished, at least 10m; PKO's Update TTL.",
     )
-
-    @field_validator("ttl_after_completed")
-    @classmethod
-    def _check_ttl(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)
-        return value
 
 
 class UpdateTemplate(OpenApiModel):
