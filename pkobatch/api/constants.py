@@ -81,6 +81,10 @@ CONDITION_APPROVAL_PENDING: Final = "ApprovalPending"
 # absent when every annotation the controller reads is accepted (api/annotations.py).
 CONDITION_ANNOTATIONS_REFUSED: Final = "AnnotationsRefused"
 ANNOTATION_INVALID_REASON: Final = "InvalidAnnotation"
+# pkobatch: the spec sets PKO fields that cannot apply to a Job (api/ignored_fields.py) and
+# are ignored (True, naming each); absent when it sets none.
+CONDITION_FIELDS_IGNORED: Final = "FieldsIgnored"
+FIELDS_IGNORED_REASON: Final = "NotApplicableToJobs"
 
 # Ready reasons.
 READY_COMPLETED_REASON: Final = "ProcessingCompleted"

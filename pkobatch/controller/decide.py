@@ -118,6 +118,7 @@ def _decide(observed: Observed, settings: Settings, template: Mapping[str, Any])
     if not deleting and FINALIZER not in finalizers:
         draft.decision.finalizer = "add"
     notes.observe_generation(draft)
+    notes.ignored_fields(draft)
     notes.refused_annotations(draft)
     settle.settle_current(draft)
     steps = DELETION_STEPS if deleting else RECONCILE_STEPS

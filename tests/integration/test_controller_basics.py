@@ -326,6 +326,17 @@ def test_template_fields_reach_the_job_and_service_template_is_reported(
     assert note["note"].startswith("spec.workspaceTemplate.spec.serviceTemplate is ignored: ")
     for honoured in ("metadata", "securityProfile", "ttlAfterCompleted"):
         assert honoured not in note["note"]
+    stack = wait_stack(
+        kube,
+        namespace,
+        "templated",
+        lambda s: bool(condition(s, "FieldsIgnored")),
+        timeout=60,
+        what="the FieldsIgnored condition",
+    )
+    ignored = condition(stack, "FieldsIgnored")
+    assert (ignored["status"], ignored["reason"]) == ("True", "NotApplicableToJobs")
+    assert ignored["message"] == note["note"]
 
 
 # -- wedges (issue 11): no Stack waits forever or loops on bad input ----------------------

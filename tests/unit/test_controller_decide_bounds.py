@@ -194,3 +194,37 @@ def test_a_prerequisite_with_a_refused_reconcile_request_still_counts_as_succeed
     base["metadata"]["annotations"] = {RECONCILE_REQUEST_ANNOTATION: "r" * 1000}
     world.prerequisites = {"base": base}
     assert world.step().create_job is not None
+
+
+def test_fields_that_cannot_apply_to_a_job_are_named_in_status_while_set() -> None:
+    world = deployed_world(
+        {
+            **GIT_SPEC,
+            "workspaceReclaimPolicy": "Delete",
+            "workspaceTemplate": {"spec": {"serviceTemplate": {"metadata": {}}}},
+        }
+    )
+    ignored = world.condition("FieldsIgnored")
+    assert ignored is not None
+    assert (ignored["status"], ignored["reason"]) == ("True", "NotApplicableToJobs")
+    assert ignored["message"].startswith("spec.workspaceReclaimPolicy is ignored: ")
+    assert "; spec.workspaceTemplate.spec.serviceTemplate is ignored: " in ignored["message"]
+    # It does not stop the Stack: it deployed.
+    assert world.condition("Ready")["status"] == "True"
+    world.edit_spec(workspaceReclaimPolicy=None, workspaceTemplate=None)
+    world.step()
+    assert world.condition("FieldsIgnored") is None
+
+
+def test_honoured_template_fields_are_not_reported() -> None:
+    world = deployed_world(
+        {
+            **GIT_SPEC,
+            "workspaceTemplate": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"securityProfile": "baseline"},
+            },
+            "updateTemplate": {"spec": {"ttlAfterCompleted": "1h"}},
+        }
+    )
+    assert world.condition("FieldsIgnored") is None

@@ -9,8 +9,9 @@ classified field above it. A field is either
 
 - honoured: ``HONOURED`` names the module that reads it and what it reads there, and the
   test checks that the module still reads it; or
-- reported: listed in ``NOOP_FIELDS``, named in the SpecNotes Event of every Stack that
-  sets it (tests/unit/test_api_stack.py, tests/integration/test_controller_basics.py).
+- reported: listed in ``NOOP_FIELDS``, named in the SpecNotes Event and the FieldsIgnored
+  condition of every Stack that sets it (tests/unit/test_controller_decide_bounds.py,
+  tests/integration/test_controller_basics.py).
 
 A new CRD field without a classification, a field classified twice, and a reader that no
 longer reads its field all fail here.

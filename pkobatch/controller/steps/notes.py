@@ -1,6 +1,7 @@
 """Notes on what the user wrote, given on every pass before the other steps: the
 generation observed (with the spec's notes — aliases used, PKO fields that pkobatch
-ignores — once per generation) and the AnnotationsRefused condition.
+ignores — once per generation), the FieldsIgnored condition (the ignored fields again, in
+the status, for as long as the spec sets them) and the AnnotationsRefused condition.
 
 Every annotation a user writes on the Stack is read through its rule in
 ``pkobatch.api.annotations``: a value that breaks it is ignored in the safe direction and
@@ -19,10 +20,12 @@ from pkobatch.api.constants import (
     ANNOTATION_INVALID_REASON,
     APPROVE_ANNOTATION,
     CONDITION_ANNOTATIONS_REFUSED,
+    CONDITION_FIELDS_IGNORED,
+    FIELDS_IGNORED_REASON,
     RECONCILE_REQUEST_ANNOTATION,
     REJECT_ANNOTATION,
 )
-from pkobatch.api.ignored_fields import noop_fields_in_use
+from pkobatch.api.ignored_fields import NoopField, noop_fields_in_use
 from pkobatch.api.messages import bound_message
 from pkobatch.controller.steps.draft import Draft
 
@@ -49,9 +52,31 @@ def observe_generation(draft: Draft) -> None:
     deleting = bool(draft.meta.get("deletionTimestamp"))
     if first_time and not deleting and draft.check.spec is not None:
         notes = list(draft.check.alias_notes)
-        notes += [f"{n.path} is ignored: {n.reason}" for n in noop_fields_in_use(draft.check.spec)]
+        notes += _ignored(noop_fields_in_use(draft.check.spec))
         if notes:
             draft.event("Normal", EVENT_SPEC_NOTES, "; ".join(notes))
+
+
+def _ignored(fields: list[NoopField]) -> list[str]:
+    return [f"{n.path} is ignored: {n.reason}" for n in fields]
+
+
+def ignored_fields(draft: Draft) -> None:
+    """FieldsIgnored names every PKO field the spec sets that cannot apply to a Job; it is
+    removed when the spec sets none (or cannot be read: SpecInvalid says why)."""
+    ignored = noop_fields_in_use(draft.check.spec) if draft.check.spec is not None else []
+    if not ignored:
+        draft.conditions = remove_condition(draft.conditions, CONDITION_FIELDS_IGNORED)
+        return
+    draft.conditions = set_condition(
+        draft.conditions,
+        CONDITION_FIELDS_IGNORED,
+        "True",
+        FIELDS_IGNORED_REASON,
+        bound_message("; ".join(_ignored(ignored))),
+        now=draft.now,
+        observed_generation=draft.generation,
+    )
 
 
 def refused_annotations(draft: Draft) -> None:
