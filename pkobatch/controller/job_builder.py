@@ -5,8 +5,13 @@ Layers, each applied over the previous one, each a function of ``build_run``:
 1. the Job template (``job_template.yaml`` in this package, or ``Settings.job.template_file``);
 2. what the controller owns: image, ServiceAccount, grace period and the environment that
    carries credentials, where ``spec.workspaceTemplate.spec`` (PKO's mappable fields: image,
-   pull policy, resources, env, envFrom) comes first (layers 1 and 2: ``_base_job``);
-3. ``spec.workspaceTemplate.spec.podTemplate`` (``_apply_workspace_template``);
+   pull policy, resources, env, envFrom, and ``securityProfile: baseline``, which takes the
+   restricted parts out of the template's security context) comes first (layers 1 and 2:
+   ``_base_job``);
+3. ``spec.workspaceTemplate.spec.podTemplate`` (``_apply_workspace_template``), then the
+   labels and annotations of ``workspaceTemplate.metadata`` and ``updateTemplate.metadata``
+   on the Job only, as PKO puts them on its Workspace and Update objects, not on its pod
+   (``_apply_template_metadata``);
 4. ``spec.jobTemplate`` (pkobatch: labels, annotations, pod spec fields;
    ``_apply_job_template``);
 
@@ -17,8 +22,9 @@ Layers, each applied over the previous one, each a function of ``build_run``:
    ``bootstrap`` and ``fetch`` have no counterpart, and a pod template that names them is
    refused (``PKO_INIT_CONTAINERS``);
 5. the invariants again (name, labels, owner, ``restartPolicy: Never``, ``backoffLimit: 0``:
-   ``_apply_invariants``; deadline and TTL: ``_apply_run_bounds``), so no template can break
-   the run contract;
+   ``_apply_invariants``; deadline and TTL, the latter from
+   ``updateTemplate.spec.ttlAfterCompleted`` when set: ``_apply_run_bounds``), so no template
+   can break the run contract;
 6. the runner's inputs on the final pod (``_apply_runner_inputs``): its command, its
    ``RunSnapshot``, the variables it owns; a run container a template made read-only
    (``readOnlyRootFilesystem``) gets a writable ``/tmp``.
