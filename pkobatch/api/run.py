@@ -33,6 +33,11 @@ pkobatch's) sends its result through that same channel instead: ``inline_result_
 ``pkobatch.io/result/v1 gz:<base64 of gzip of result.json>``, at most
 ``MAX_TERMINATION_MESSAGE_BYTES`` (the kubelet keeps no more); ``result_in_message`` reads it
 back, and the controller creates the result ConfigMap from it.
+
+A run that may not even read the ConfigMaps of its large snapshot (its ServiceAccount lacks
+``get`` on ConfigMaps) has no result to send: it names the ConfigMap it was refused instead
+(``snapshot_forbidden_message``; ``snapshot_forbidden_in_message`` reads it back), so the
+controller fails the run as ``MissingPermission`` rather than retrying it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,9 @@ SNAPSHOT_FLAG: Final = "--snapshot"
 SNAPSHOT_CONFIGMAP_FLAG: Final = "--snapshot-configmap"
 SNAPSHOT_SHA256_FLAG: Final = "--snapshot-sha256"
 SNAPSHOT_KEY: Final = "snapshot.json"
+# The termination message of a run refused its snapshot's ConfigMap: this prefix, then
+# NAMESPACE/NAME of that ConfigMap.
+SNAPSHOT_FORBIDDEN_PREFIX: Final = "pkobatch.io/snapshot-forbidden/v1 "
 # One argument may hold at most 128 KiB on Linux (MAX_ARG_STRLEN), all of them together with
 # the environment about 2 MiB; a larger snapshot goes into ConfigMaps (1 MiB each at most).
 MAX_INLINE_SNAPSHOT_BYTES: Final = 64 * 1024
@@ -143,6 +151,26 @@ def result_in_message(message: str) -> str:
         return gzip.decompress(base64.b64decode(packed, validate=True)).decode("utf-8")
     except (ValueError, OSError, EOFError):
         return ""
+
+
+def snapshot_configmap_name(job: str, index: int) -> str:
+    """The ConfigMap holding part ``index`` of the snapshot of run ``job``."""
+    return f"{job}-snapshot-{index}"
+
+
+def snapshot_forbidden_message(ref: str) -> str:
+    """The termination message of a run refused ``get`` on its snapshot's ConfigMap ``ref``
+    (NAMESPACE/NAME)."""
+    return f"{SNAPSHOT_FORBIDDEN_PREFIX}{ref}\n"
+
+
+def snapshot_forbidden_in_message(message: str) -> str:
+    """The snapshot ConfigMap (NAMESPACE/NAME) a termination message says the run was refused;
+    "" when it says no such thing."""
+    line = message.strip()
+    if "\n" in line or not line.startswith(SNAPSHOT_FORBIDDEN_PREFIX):
+        return ""
+    return line.removeprefix(SNAPSHOT_FORBIDDEN_PREFIX)
 
 
 def split_snapshot(text: str, part_bytes: int = SNAPSHOT_PART_BYTES) -> list[str]:

@@ -20,8 +20,10 @@ never before, whatever ConfigMap exists by then:
   ``ContainerConfigError``, ``Unschedulable``, in words that say what to change;
   ``Interrupted`` for a container its node lost, as a reboot loses it), otherwise
   ``JobFailed`` with the Job controller's message; a Job that completed without one is
-  ``JobFailed`` too. A run whose pod is gone has no result to trust: it fails the same way
-  and, like every failed run, is retried;
+  ``JobFailed`` too. A pod whose run was refused its snapshot's ConfigMap (its ServiceAccount
+  lacks ``get`` on ConfigMaps, ``refused_snapshot``) makes it ``MissingPermission``: a retry
+  cannot help, so the Stack stalls naming the right to grant. A run whose pod is gone has no
+  result to trust: it fails the same way and, like every failed run, is retried;
 - the Job's pod has not been able to start for ``POD_START_LIMIT`` (image pull errors, a
   container that cannot be created, no node for it) — for ``FIXED_BY_SPEC_LIMIT`` when only
   a change of the spec can start it (an image the node must never pull, an invalid image
@@ -62,6 +64,8 @@ from pkobatch.api.run import (
     digest_in_message,
     result_digest,
     result_in_message,
+    snapshot_configmap_name,
+    snapshot_forbidden_in_message,
 )
 from pkobatch.api.timestamps import parse_time
 
@@ -486,6 +490,49 @@ def inline_result(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> 
     return texts[-1] if texts else ""
 
 
+def refused_snapshot(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
+    """The name of this run's snapshot ConfigMap that a pod of ``job`` says its run was
+    refused (its ServiceAccount may not get ConfigMaps); "" when none says so. Only a
+    ConfigMap of this Job's snapshot counts, in its namespace."""
+    meta = job.get("metadata") or {}
+    own_part = f"{meta.get('namespace')}/{snapshot_configmap_name(str(meta.get('name')), 0)}"
+    own_prefix = own_part.removesuffix("0")
+    for message in _termination_messages(job, pods) or ():
+        ref = snapshot_forbidden_in_message(message)
+        if ref.startswith(own_prefix) and ref.removeprefix(own_prefix).isdigit():
+            return ref.partition("/")[2]
+    return ""
+
+
+def _service_account(pods: Sequence[Mapping[str, Any]]) -> str:
+    newest = _newest(pods)
+    spec = (newest or {}).get("spec") or {}
+    return str(spec.get("serviceAccountName") or "default")
+
+
+def refused_snapshot_outcome(
+    job: Mapping[str, Any],
+    configmap: str,
+    pods: Sequence[Mapping[str, Any]],
+    finished_at: datetime,
+) -> Outcome:
+    meta = job.get("metadata") or {}
+    namespace = meta.get("namespace")
+    account = _service_account(pods)
+    return Outcome(
+        "failed",
+        "MissingPermission",
+        f"run {meta.get('name')} could not read its snapshot: the run's ServiceAccount "
+        f"{account} may not get configmaps in namespace {namespace} (ConfigMap {configmap}: "
+        "a snapshot over 64 KiB travels in ConfigMaps the run reads itself); nothing was run. "
+        f"Grant it get on configmaps in namespace {namespace} — bind the pkobatch-runner "
+        "ClusterRole to ServiceAccount "
+        f"{account} with a RoleBinding in this namespace (docs/install.md) — or make the spec "
+        "smaller (less inline config)",
+        finished_at,
+    )
+
+
 def trusted_result(
     configmap: Mapping[str, Any] | None,
     job: Mapping[str, Any],
@@ -605,6 +652,9 @@ def _failed_job_outcome(
                 f"it will be retried{suffix}",
                 finished_at,
             )
+        refused = refused_snapshot(job, pods)
+        if refused:
+            return refused_snapshot_outcome(job, refused, pods, finished_at)
         if cause is not None:
             return Outcome(
                 "failed",

@@ -31,6 +31,7 @@ from pkobatch.api.run import (
     RunSnapshot,
     StackRef,
     ValueFromEnv,
+    snapshot_configmap_name,
     snapshot_sha256,
     split_snapshot,
 )
@@ -150,7 +151,7 @@ def snapshot_transport(
     args: list[str] = []
     configmaps: list[JSON] = []
     for index, part in enumerate(split_snapshot(text)):
-        name = f"{job}-snapshot-{index}"
+        name = snapshot_configmap_name(job, index)
         args += [SNAPSHOT_CONFIGMAP_FLAG, f"{namespace}/{name}"]
         configmaps.append(
             {

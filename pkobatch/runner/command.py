@@ -8,7 +8,9 @@ the user CLI): ``pkobatch.main`` loads it alone for ``job run``. The run itself 
 from __future__ import annotations
 
 import gc
+import os
 import sys
+from pathlib import Path
 
 import click
 from pydantic import ValidationError
@@ -18,11 +20,22 @@ from pkobatch.api.run import (
     SNAPSHOT_FLAG,
     SNAPSHOT_SHA256_FLAG,
     RunSnapshot,
+    snapshot_forbidden_message,
 )
 from pkobatch.runner.job_run import EXIT_NO_RESULT, run_job
 from pkobatch.runner.sdk import missing_runner_extra
 
 EXIT_USAGE = 2
+
+
+def report_refused_snapshot(termination_log: Path, ref: str) -> None:
+    """Tell the controller, through the termination message, that the run may not read its
+    snapshot's ConfigMap ``ref``: it fails the run as ``MissingPermission`` instead of
+    retrying it like a run that failed on its own."""
+    try:
+        termination_log.write_text(snapshot_forbidden_message(ref))
+    except OSError as error:
+        click.echo(f"error: cannot write termination message {termination_log}: {error}", err=True)
 
 
 # Internal: hidden from `pkobatch --help`.
@@ -57,8 +70,9 @@ def job_run_command(
     """Run one Stack operation and write its result ConfigMap.
 
     Exit status 0 when the operation succeeded, 1 when it failed (the result says why), 2 for
-    an unreadable snapshot, 3 when the result could not be written (also when this
-    installation has no Pulumi SDK: the extra ``runner``).
+    an unreadable snapshot (one the run may not read is named in the termination message), 3
+    when the result could not be written (also when this installation has no Pulumi SDK: the
+    extra ``runner``).
     """
     missing = missing_runner_extra()
     if missing is not None:
@@ -66,12 +80,19 @@ def job_run_command(
         sys.exit(EXIT_NO_RESULT)
     if snapshot_configmaps:
         from pkobatch.kube.client import Kube  # slow to import: only for a large snapshot
-        from pkobatch.runner.report import SnapshotUnreadable, read_snapshot
+        from pkobatch.runner.report import (
+            SnapshotForbidden,
+            SnapshotUnreadable,
+            read_snapshot,
+            termination_log_path,
+        )
 
         try:
             snapshot = read_snapshot(Kube.connect, list(snapshot_configmaps), snapshot_digest)
         except SnapshotUnreadable as error:
             click.echo(f"error: the snapshot could not be read: {error}", err=True)
+            if isinstance(error, SnapshotForbidden):
+                report_refused_snapshot(termination_log_path(os.environ), error.ref)
             sys.exit(EXIT_USAGE)
     if snapshot is None:
         click.echo(f"error: give {SNAPSHOT_FLAG} or {SNAPSHOT_CONFIGMAP_FLAG}", err=True)

@@ -23,7 +23,10 @@ creates the ConfigMap.
 Transient API errors (unreachable, 429, 5xx, a conflicting update) are retried with backoff:
 reading the Job a few times, writing the result for as long as the run may (minutes: an API
 server restart must not turn a finished run into a lost one). A snapshot ConfigMap that is
-not there yet is waited for too: the controller creates it right after the Job.
+not there yet is waited for too: the controller creates it right after the Job. One the run may
+not read (``SnapshotForbidden``) is not: no wait gives the run a right it lacks, and
+``pkobatch job run`` names the ConfigMap in its termination message so the controller fails the
+run as ``MissingPermission``.
 """
 
 from __future__ import annotations
@@ -86,6 +89,14 @@ class ResultNotWritten(Exception):
 
 class SnapshotUnreadable(Exception):
     """The snapshot's ConfigMaps could not be read, or do not hold what the Job says."""
+
+
+class SnapshotForbidden(SnapshotUnreadable):
+    """The run's ServiceAccount may not read the snapshot's ConfigMap ``ref`` (NAMESPACE/NAME)."""
+
+    def __init__(self, ref: str, message: str) -> None:
+        super().__init__(message)
+        self.ref = ref
 
 
 def is_transient(error: KubeError) -> bool:
@@ -196,6 +207,12 @@ def read_snapshot(
                     max_attempts=_UNTIL_TIME_RUNS_OUT,
                     retry_not_found=True,
                 )
+            except Forbidden as error:
+                raise SnapshotForbidden(
+                    ref,
+                    f"reading ConfigMap {ref}: {error}; the run's ServiceAccount needs get on "
+                    f"configmaps in namespace {namespace}",
+                ) from None
             except KubeError as error:
                 raise SnapshotUnreadable(f"reading ConfigMap {ref}: {error}") from None
             part = (configmap.get("data") or {}).get(SNAPSHOT_KEY)

@@ -799,6 +799,44 @@ def test_exports_without_the_rights_they_need_stall_naming_them_before_any_updat
     assert kube.get(CONFIGMAPS, "app-outputs", namespace)["data"]
 
 
+def test_a_large_snapshot_its_service_account_may_not_read_stalls_naming_the_right(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+) -> None:
+    # A PKO manifest's ServiceAccount, and a spec whose snapshot travels in ConfigMaps.
+    account = "pko-workspace"
+    create_service_account(kube, namespace, account)
+    spec = stack_spec(git_repo(), pulumi_env, serviceAccountName=account)
+    spec["config"]["blob"] = "x" * (80 * 1024)
+    apply_stack(kube, namespace, "app", spec)
+    stack = wait_stack(
+        kube,
+        namespace,
+        "app",
+        lambda s: condition(s, "Stalled").get("reason") == "MissingPermission",
+    )
+    message = condition(stack, "Stalled")["message"]
+    assert f"ServiceAccount {account} may not get configmaps in namespace {namespace}" in message
+    assert f"Grant it get on configmaps in namespace {namespace}" in message
+    assert last_update(stack)["failures"] == 0
+    assert not pulumi_env.files_dir.exists() or not any(pulumi_env.files_dir.iterdir())
+    assert len(stack_jobs(kube, namespace, "app")) == 1  # not retried
+
+    grant_role(
+        kube,
+        namespace,
+        "snapshot",
+        [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+        account,
+    )
+    request_reconcile(kube, namespace, "app", "granted")
+    wait_stack(kube, namespace, "app", lambda s: ready(s) and condition(s, "Stalled") == {})
+
+
 # -- stale Pulumi locks ----------------------------------------------------------------------
 
 

@@ -12,12 +12,14 @@ from decision_world import (
     World,
     deployed_world,
     rfc3339,
+    run_pod,
 )
 
 from pkobatch.api.constants import (
     RECONCILE_REQUEST_ANNOTATION,
 )
 from pkobatch.api.messages import MAX_MESSAGE_CHARS
+from pkobatch.api.run import snapshot_forbidden_message
 from pkobatch.config import Settings
 from pkobatch.controller.decision import SourceHead
 
@@ -153,6 +155,51 @@ def test_a_missing_permission_stalls_at_once_naming_it_until_something_changes()
     assert world.step().create_job is None
     world.annotate(RECONCILE_REQUEST_ANNOTATION, "granted")
     assert world.step().create_job is not None
+
+
+def refused_snapshot(world: World, configmap_of: str | None = None) -> str:
+    """The current run ends as ``pkobatch job run`` ends when its ServiceAccount may not get
+    its snapshot's ConfigMap (of Job ``configmap_of``, by default its own): exit status 2,
+    the ConfigMap named in the termination message."""
+    name = world.current_job()
+    refused = f"team/{configmap_of or name}-snapshot-0"
+    pod = run_pod(world.jobs[name], snapshot_forbidden_message(refused), 2)
+    pod["spec"] = {"serviceAccountName": "pko-workspace"}
+    world.pods[name] = [pod]
+    return world.fail_job(name)
+
+
+def test_a_run_refused_its_snapshot_configmap_stalls_naming_the_right_to_grant() -> None:
+    world = World()
+    world.step()
+    name = refused_snapshot(world)
+    result = world.step()
+    assert result.create_job is None and result.requeue_after is None
+    last = world.status["lastUpdate"]
+    assert (last["state"], last["reason"], last["failures"]) == ("failed", "MissingPermission", 0)
+    stalled = world.condition("Stalled")
+    assert stalled["reason"] == "MissingPermission"
+    for words in (
+        "ServiceAccount pko-workspace may not get configmaps in namespace team",
+        f"ConfigMap {name}-snapshot-0",
+        "Grant it get on configmaps in namespace team",
+        "RoleBinding",
+    ):
+        assert words in stalled["message"]
+    world.advance(86400)
+    assert world.step().create_job is None
+    world.annotate(RECONCILE_REQUEST_ANNOTATION, "granted")
+    assert world.step().create_job is not None
+
+
+def test_a_refusal_named_for_another_runs_snapshot_is_an_ordinary_failure() -> None:
+    world = World()
+    world.step()
+    refused_snapshot(world, configmap_of="other-up-0123456789")
+    result = world.step()
+    assert world.status["lastUpdate"]["reason"] == "JobFailed"
+    assert world.condition("Stalled") is None
+    assert result.requeue_after is not None  # retried after the backoff
 
 
 def test_fixing_the_spec_recovers_a_stalled_stack() -> None:

@@ -14,27 +14,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from pkobatch.api.run import (
+    TERMINATION_MESSAGE_PATH_ENV,
     RunResult,
     StackRef,
     digest_in_message,
     result_digest,
     result_in_message,
+    snapshot_forbidden_in_message,
     snapshot_sha256,
     split_snapshot,
 )
 from pkobatch.kube.client import (
     AlreadyExists,
     Forbidden,
+    Kube,
     KubeError,
     NotFound,
     Resource,
     Unreachable,
 )
+from pkobatch.runner.command import job_group
 from pkobatch.runner.report import (
     ResultNotWritten,
     ResultWriter,
+    SnapshotForbidden,
     SnapshotUnreadable,
     job_deadline,
     read_snapshot,
@@ -294,9 +300,30 @@ def test_a_changed_snapshot_is_refused() -> None:
 
 def test_a_forbidden_snapshot_read_is_not_retried() -> None:
     kube = SnapshotKube([Forbidden(403, "Forbidden", "no")], {})
-    with pytest.raises(SnapshotUnreadable, match="Forbidden"):
+    with pytest.raises(SnapshotForbidden, match="needs get on configmaps in namespace ns") as e:
         read(kube, ["ns/p0"], "0")
+    assert e.value.ref == "ns/p0"
     assert len(kube.calls) == 1
+
+
+def test_a_run_refused_its_snapshot_names_the_configmap_in_its_termination_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = SnapshotKube([NotFound(404, "NotFound", "not yet"), Forbidden(403, "F", "no")], {})
+    monkeypatch.setattr(Kube, "connect", lambda: refused)
+    termination_log = tmp_path / "termination-log"
+    monkeypatch.setenv(TERMINATION_MESSAGE_PATH_ENV, str(termination_log))
+    args = ["run", "--snapshot-configmap", "ns/app-up-1-snapshot-0", "--snapshot-sha256", "0"]
+    outcome = CliRunner().invoke(job_group, args)
+    assert outcome.exit_code == 2
+    assert "the snapshot could not be read" in outcome.output
+    assert snapshot_forbidden_in_message(termination_log.read_text()) == "ns/app-up-1-snapshot-0"
+    # Any other unreadable snapshot leaves the termination message alone: it is retried.
+    termination_log.unlink()
+    changed = SnapshotKube([], {"app-up-1-snapshot-0": "{}"})
+    monkeypatch.setattr(Kube, "connect", lambda: changed)
+    assert CliRunner().invoke(job_group, args).exit_code == 2
+    assert not termination_log.exists()
 
 
 def test_snapshot_parts_are_cut_between_characters() -> None:
