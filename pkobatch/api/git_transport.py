@@ -6,10 +6,14 @@ Over ``http://`` anyone on the path reads them, loopback included (a local proxy
 sidecar, a port-forward). So both refuse, unless the controller setting
 ``PKOBATCH_INSECURE_HTTP_GIT_HOSTS`` names the host (``host`` or ``host:port``). The same
 rule, in one place, decides for both.
+
+Both also tell a git server's refusal of the credentials from other git failures
+(``refused_credentials``), to name the credentials to fix.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Final
 from urllib.parse import urlsplit
@@ -55,3 +59,16 @@ def refusal_message(url: str, what: str) -> str:
         "read them: use an https:// or ssh URL, or ask the operator to allow this host with "
         f"the controller setting {SETTING_ENV}={host}"
     )
+
+
+# What git prints when the server refused the credentials sent, or wanted some and got none
+# (pkobatch disables git's prompts): HTTP 401/403, or SSH's refusal of the key.
+_AUTHENTICATION_REFUSED: Final = re.compile(
+    r"Authentication failed for|could not read (Username|Password) for"
+    r"|The requested URL returned error: 40[13]|Permission denied \(publickey"
+)
+
+
+def refused_credentials(git_output: str) -> bool:
+    """Whether a failed git command's output says the server refused its credentials."""
+    return _AUTHENTICATION_REFUSED.search(git_output) is not None

@@ -24,6 +24,8 @@ class SourceHead:
 
     commit: str | None = None
     error: str = ""
+    # The error is the git server's (or GitHub's) refusal of the credentials.
+    credentials_refused: bool = False
 
 
 @dataclass(frozen=True)

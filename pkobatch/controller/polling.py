@@ -13,7 +13,9 @@ credentials come from (Secret name and key in the Stack's namespace, or a litera
 their values; the values are read with one ``get`` per poll, the controller's only access
 to Secrets. Credentials go to ``git`` through its environment (an HTTP header in
 ``GIT_CONFIG_*``, or a private key file in a private temporary directory), never its
-arguments, and errors are scrubbed of URLs' user info before they reach status or logs.
+arguments, and errors are scrubbed of URLs' user info before they reach status or logs. A
+refusal of the credentials (``refused_credentials``) is flagged in the head
+(``SourceHead.credentials_refused``), so the Stack names the credentials to fix.
 
 Credentials never go over plain ``http://`` (``pkobatch.api.git_transport``) unless the
 operator allowed the host (``Settings.insecure_http_git_hosts``). The observer asks for the
@@ -57,7 +59,12 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter
 
-from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
+from pkobatch.api.git_transport import (
+    credentials_allowed,
+    has_url_credentials,
+    refusal_message,
+    refused_credentials,
+)
 from pkobatch.api.messages import bound_message
 from pkobatch.controller.decision import SourceHead
 from pkobatch.controller.push import branch_ref, repository_identity
@@ -162,7 +169,12 @@ def poll_key(namespace: str, spec: Mapping[str, Any]) -> PollKey | None:
 
 
 class PollError(Exception):
-    """ls-remote failed; the message is safe to show (no credentials)."""
+    """ls-remote failed; the message is safe to show (no credentials). ``credentials_refused``:
+    the git server (or GitHub, for an app's token) refused the credentials."""
+
+    def __init__(self, message: str, *, credentials_refused: bool = False) -> None:
+        super().__init__(message)
+        self.credentials_refused = credentials_refused
 
 
 @dataclass
@@ -206,7 +218,10 @@ def ls_remote(url: str, ref: str, creds: _Resolved | None, timeout: float) -> st
         except OSError as exc:
             raise PollError(f"cannot run git: {exc}") from None
     if completed.returncode != 0:
-        raise PollError(scrub(completed.stderr) or f"git ls-remote exited {completed.returncode}")
+        raise PollError(
+            scrub(completed.stderr) or f"git ls-remote exited {completed.returncode}",
+            credentials_refused=refused_credentials(completed.stderr),
+        )
     for line in completed.stdout.splitlines():
         sha, _, name = line.partition("\t")
         if name.strip() == ref:
@@ -249,10 +264,10 @@ def _credential_env(creds: _Resolved, private: Path) -> dict[str, str]:
 @dataclass
 class _Entry:
     subscribers: dict[StackKey, float] = field(default_factory=dict)
-    commit: str | None = None
-    error: str = ""
+    # The last fetch's answer (unknown until the first has finished).
+    head: SourceHead = field(default_factory=SourceHead)
     fetched_at: float | None = None
-    # When the fetch that produced commit/error started (the age of the answer).
+    # When the fetch that produced ``head`` started (the age of the answer).
     started_at: float | None = None
     in_flight: bool = False
     in_flight_since: float = 0.0
@@ -342,7 +357,7 @@ class GitPoller:
                     return SourceHead()
             if entry.fetched_at is None and not entry.in_flight:
                 self._wake.set()
-            return SourceHead(commit=entry.commit, error=entry.error)
+            return entry.head
 
     def forget(self, stack: StackKey) -> None:
         """``stack`` is gone or tracks no branch any more."""
@@ -421,6 +436,7 @@ class GitPoller:
     def _poll(self, key: PollKey) -> None:
         commit: str | None = None
         error = ""
+        refused = False
         try:
             self._check_transport(key)
             creds = self._resolve(key.credentials, key.url)
@@ -434,7 +450,7 @@ class GitPoller:
                 raise
             self._counter.labels("ok").inc()
         except PollError as exc:
-            error = str(exc)
+            error, refused = str(exc), exc.credentials_refused
             self._counter.labels("error").inc()
         except Exception as exc:  # a poller thread must survive anything
             log.exception("branch poll of %s failed", scrub(key.url))
@@ -443,8 +459,8 @@ class GitPoller:
             entry = self._entries.get(key)
             if entry is None:
                 return
-            changed = (entry.commit, entry.error) != (commit, error)
-            entry.commit, entry.error = commit, error
+            head = SourceHead(commit, error, refused)
+            changed, entry.head = entry.head != head, head
             entry.fetched_at = self._clock()
             entry.started_at = entry.in_flight_since
             entry.in_flight = False
@@ -519,7 +535,8 @@ class GitPoller:
                     value(creds.app_private_key, "GitHub App private key"),
                 )
             except GitHubAppError as exc:
-                raise PollError(str(exc)) from None
+                # As the runner counts it (gitAuthentication): the app's credentials failed.
+                raise PollError(str(exc), credentials_refused=True) from None
             return _Resolved(username=GITHUB_TOKEN_USERNAME, password=token)
         if creds.method == "ssh":
             return _Resolved(

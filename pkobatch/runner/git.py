@@ -23,7 +23,6 @@ The fetch is ``git init`` + ``git fetch`` of exactly what the run needs (``--dep
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from pkobatch.api.git_transport import credentials_allowed, has_url_credentials, refusal_message
+from pkobatch.api.git_transport import (
+    credentials_allowed,
+    has_url_credentials,
+    refusal_message,
+    refused_credentials,
+)
 from pkobatch.api.messages import bound_message
 from pkobatch.api.run import GitAuthEnv
 from pkobatch.api.stack.spec import GitAuthConfig, ResourceRef
@@ -313,19 +317,6 @@ def fetch_plan(source: GitSource) -> list[list[str]]:
 
 Runner = Callable[[list[str], Mapping[str, str], Path], "subprocess.CompletedProcess[str]"]
 """Runs one command (argv, environment, working directory), e.g. ``Cancellation.run``."""
-
-
-# What git prints when the server refused the credentials sent, or wanted some and got none
-# (the runner disables git's prompts): HTTP 401/403, or SSH's refusal of the key.
-_AUTHENTICATION_REFUSED: Final = re.compile(
-    r"Authentication failed for|could not read (Username|Password) for"
-    r"|The requested URL returned error: 40[13]|Permission denied \(publickey"
-)
-
-
-def refused_credentials(git_output: str) -> bool:
-    """Whether a failed git command's output says the server refused its credentials."""
-    return _AUTHENTICATION_REFUSED.search(git_output) is not None
 
 
 def git_argv(args: list[str]) -> list[str]:

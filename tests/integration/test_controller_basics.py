@@ -138,6 +138,24 @@ def test_unreadable_branch_is_stalled_source_unavailable(
     message = condition(stack, "Stalled")["message"]
     assert "main" in message and "wrong-password" not in message
     assert "currentUpdate" not in stack["status"]
+    # The git server's refusal names the credentials to fix, in status and in one Event.
+    fix = (
+        f"the credentials were refused: fix spec.gitAuth.basicAuth: userName (key username of "
+        f"Secret {namespace}/git) and password (key password of Secret {namespace}/git)"
+    )
+    assert fix in message
+
+    def refusals(event: JSON) -> bool:
+        return (
+            event["regarding"]["name"] == "denied"
+            and event["reason"] == "StackGitAuthenticationFailure"
+        )
+
+    [event] = wait_events(kube, namespace, refusals)
+    assert event["type"] == "Warning" and fix in event["note"]
+    # Polled every 2 s: three more polls refused the same way post no other Event.
+    time.sleep(6)
+    assert len([e for e in kube.list_objects(EVENTS, namespace)[0] if refusals(e)]) == 1
 
 
 def test_two_hundred_stacks_on_one_branch_share_one_ls_remote_per_interval(

@@ -273,6 +273,22 @@ def test_poll_errors_are_reported_per_key() -> None:
     poller.stop()
 
 
+def test_a_refusal_of_the_credentials_is_flagged_in_the_head() -> None:
+    refusal = "fatal: Authentication failed for 'https://g/x.git/'"
+
+    def refusing(url: str, ref: str, creds: Any, timeout: float) -> str:
+        raise PollError(refusal, credentials_refused=True)
+
+    woken: list[StackKey] = []
+    poller = GitPoller(None, 60.0, woken.append, fetch=refusing, clock=Clock())  # type: ignore[arg-type]
+    key = PollKey("https://g/x.git", "refs/heads/main", None)
+    poller.head(A, key)
+    poller.poll_due()
+    wait_for(lambda: woken == [A])
+    assert poller.head(A, key) == SourceHead(error=refusal, credentials_refused=True)
+    poller.stop()
+
+
 def test_longer_resync_frequency_slows_a_key_down() -> None:
     git = FakeGit()
     woken: list[StackKey] = []

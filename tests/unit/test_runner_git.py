@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pkobatch.api.git_transport import refused_credentials
 from pkobatch.api.run import GitAuthEnv
 from pkobatch.api.stack.spec import GitAuthConfig
 from pkobatch.runner import git
@@ -237,7 +238,7 @@ def test_a_failed_fetch_is_source_unavailable_and_scrubbed(tmp_path: Path) -> No
     ],
 )
 def test_refused_credentials_are_told_from_other_fetch_failures(output: str, refused: bool) -> None:
-    assert git.refused_credentials(output) is refused
+    assert refused_credentials(output) is refused
 
 
 def test_github_app_variables_become_app_credentials_and_the_key_is_secret() -> None:

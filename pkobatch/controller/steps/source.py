@@ -3,7 +3,10 @@
 The revision is ``spec.commit``, the polled head of ``spec.branch`` (``controller.polling``),
 a Program's generation (``spec.programRef``) or a Flux source's artifact revision
 (``spec.fluxSource``). Waiting for a branch head, a Program or an artifact counts no failure;
-a branch that cannot be read stalls the Stack.
+a branch that cannot be read stalls the Stack (``SourceUnavailable``, with a Warning Event each
+time the error changes: ``Draft.stalled``). When the git server refused the credentials, the
+message names the fields and Secrets they come from (``credentials_to_fix``) and the Event has
+PKO's reason for it, ``StackGitAuthenticationFailure``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Final
 
 from pkobatch.api.constants import (
     CONDITION_READY,
+    EVENT_GIT_AUTHENTICATION_FAILURE,
     FLUX_SOURCE_GROUP,
     FLUX_SOURCE_VERSION,
     RECONCILING_PROCESSING_REASON,
@@ -21,7 +25,7 @@ from pkobatch.api.constants import (
     STALLED_SOURCE_UNAVAILABLE_REASON,
 )
 from pkobatch.api.program import program_revision
-from pkobatch.api.stack.spec import FluxSource, StackSpec
+from pkobatch.api.stack.spec import FluxSource, ResourceRef, StackSpec
 from pkobatch.api.status import last_update
 from pkobatch.controller.steps.draft import DONE, NEXT, Draft, StepResult
 
@@ -39,6 +43,8 @@ _PENDING: Final = _Pending()
 @dataclass(frozen=True)
 class _SourceError:
     message: str
+    # The Event's reason, when not the Stalled reason.
+    event_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ def source(draft: Draft) -> StepResult:
             )
         return DONE
     if isinstance(commit, _SourceError):
-        draft.stalled(STALLED_SOURCE_UNAVAILABLE_REASON, commit.message)
+        draft.stalled(STALLED_SOURCE_UNAVAILABLE_REASON, commit.message, commit.event_reason)
         return DONE
     if isinstance(commit, _Waiting):
         draft.reconciling(RECONCILING_WAITING_FOR_SOURCE_REASON, commit.message)
@@ -96,10 +102,58 @@ def revision(draft: Draft, spec: StackSpec) -> str | _SourceError | _Pending | _
     if head is None or (head.commit is None and not head.error):
         return _PENDING
     if head.error:
+        message = f"cannot read branch {spec.branch} of {spec.project_repo}: {head.error}"
+        if not head.credentials_refused:
+            return _SourceError(message)
         return _SourceError(
-            f"cannot read branch {spec.branch} of {spec.project_repo}: {head.error}"
+            f"{message}; the credentials were refused: fix "
+            f"{credentials_to_fix(spec, draft.namespace)}. The Stack recovers at the next poll "
+            "that succeeds",
+            EVENT_GIT_AUTHENTICATION_FAILURE,
         )
     return head.commit
+
+
+def credentials_to_fix(spec: StackSpec, namespace: str) -> str:
+    """The fields (and the Secrets they name) the git credentials of ``spec`` come from."""
+    auth = spec.git_auth
+
+    def value(ref: ResourceRef | None) -> str:
+        if ref is not None and ref.secret is not None:
+            return f"key {ref.secret.key} of Secret {namespace}/{ref.secret.name}"
+        return "a literal value"
+
+    if auth is not None and auth.access_token is not None:
+        return f"spec.gitAuth.accessToken ({value(auth.access_token)})"
+    if auth is not None and auth.basic_auth is not None:
+        basic = auth.basic_auth
+        return (
+            f"spec.gitAuth.basicAuth: userName ({value(basic.user_name)}) and password "
+            f"({value(basic.password)})"
+        )
+    if auth is not None and auth.ssh_auth is not None:
+        ssh = auth.ssh_auth
+        passphrase = f", password ({value(ssh.password)})" if ssh.password is not None else ""
+        return (
+            f"spec.gitAuth.sshAuth: sshPrivateKey ({value(ssh.ssh_private_key)}){passphrase}, "
+            "and give the key read access to the repository"
+        )
+    if auth is not None and auth.github_app is not None:
+        app = auth.github_app
+        return (
+            f"spec.gitAuth.githubApp: appID ({value(app.app_id)}), installationID "
+            f"({value(app.installation_id)}) and privateKey ({value(app.private_key)}), and "
+            "install the app on the repository"
+        )
+    if spec.git_auth_secret:
+        return (
+            f"Secret {namespace}/{spec.git_auth_secret} of spec.gitAuthSecret: its accessToken, "
+            "its username and password, or its sshPrivateKey"
+        )
+    return (
+        "spec.gitAuth: the repository needs credentials and the Stack gives none; name a "
+        f"Secret in namespace {namespace} with accessToken, basicAuth, sshAuth or githubApp"
+    )
 
 
 def _program_revision(draft: Draft, name: str) -> str | _Waiting:
