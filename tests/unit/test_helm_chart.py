@@ -169,7 +169,7 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     sets = [
         "job.image=registry.example.com/runner:1",
         "job.imagePullPolicy=Always",
-        "job.serviceAccount=automation",
+        "runner.serviceAccount.name=automation",
         "job.activeDeadline=2h",
         "job.ttlAfterFinished=6h",
         "job.terminationGracePeriod=5m",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.deploy_render import NAMESPACED_DEFAULT, Obj, helm, template
-from test_helm_chart import CHART
+from test_helm_chart import CHART, controller_env
 
 from pkobatch.cli.diagnostics import CONTROLLER_SELECTOR, controller_deployments
 
@@ -48,6 +48,12 @@ def deployments(objects: Iterable[Obj]) -> list[Obj]:
 def pod_spec(objects: Iterable[Obj]) -> Obj:
     spec: Obj = named(objects, "Deployment", "pkobatch-controller")["spec"]["template"]["spec"]
     return spec
+
+
+def runner_account_env(objects: Iterable[Obj]) -> str | None:
+    """The controller's PKOBATCH_JOB__SERVICE_ACCOUNT (None: unset, the controller's default)."""
+    entry = controller_env(objects).get("PKOBATCH_JOB__SERVICE_ACCOUNT")
+    return None if entry is None else str(entry["value"])
 
 
 def controller_container(objects: Iterable[Obj]) -> Obj:
@@ -135,6 +141,49 @@ def test_runner_service_accounts_carry_the_workload_identity_annotations(
     # The controller's own account is not the runs' and gets none of it.
     controller = named(objects, "ServiceAccount", "pkobatch-controller")
     assert "annotations" not in controller["metadata"]
+
+
+def test_the_runner_service_account_takes_its_name_and_the_runs_use_it(
+    helm_bin: Path,
+) -> None:
+    objects = template(
+        helm_bin, sets=["runner.namespaces={team-a}", "runner.serviceAccount.name=tenant-runs"]
+    )
+    named(objects, "ServiceAccount", "tenant-runs", "team-a")
+    binding = named(objects, "RoleBinding", "tenant-runs", "team-a")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "pkobatch-runner",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tenant-runs", "namespace": "team-a"}
+    ]
+    assert runner_account_env(objects) == "tenant-runs"
+    assert not [
+        o
+        for o in objects
+        if o["metadata"]["name"] == "pkobatch-runner" and o["kind"] != "ClusterRole"
+    ]
+    # By default the controller keeps its own default, pkobatch-runner, as deploy/kustomize does.
+    assert runner_account_env(template(helm_bin, sets=["runner.namespaces={team-a}"])) is None
+
+
+def test_an_existing_runner_service_account_is_bound_not_created(helm_bin: Path) -> None:
+    objects = template(
+        helm_bin,
+        sets=[
+            "runner.namespaces={team-a}",
+            "runner.serviceAccount.create=false",
+            "runner.serviceAccount.name=automation",
+        ],
+    )
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"] == [
+        "pkobatch-controller"
+    ]
+    subjects = named(objects, "RoleBinding", "automation", "team-a")["subjects"]
+    assert [s["name"] for s in subjects] == ["automation"]
+    assert runner_account_env(objects) == "automation"
 
 
 # --- RBAC ----------------------------------------------------------------------------------
@@ -391,7 +440,10 @@ def test_helm_lint_passes_with_every_value_of_this_module_set(
     values = {
         "serviceAccount": {"name": "infra-pkobatch", "annotations": {"a.example.com/b": "c"}},
         "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]},
-        "runner": {"namespaces": ["team-a"], "serviceAccount": {"annotations": {"x": "y"}}},
+        "runner": {
+            "namespaces": ["team-a"],
+            "serviceAccount": {"create": False, "name": "automation", "annotations": {"x": "y"}},
+        },
         "controller": {
             "podLabels": {"team": "platform"},
             "podAnnotations": {"a": "b"},
@@ -430,7 +482,7 @@ EVERYTHING_ON = [
     "runner.namespaces[0]=team-a",
 ]
 # The names tenants and users bind to (docs/install.md, "Names"): never renamed.
-FIXED_NAMESPACED = {"pkobatch-runner"}
+FIXED_NAMESPACED = {("Role", "pkobatch-runner")}
 
 
 def identities(objects: Iterable[Obj]) -> set[tuple[str, str | None, str]]:
@@ -464,7 +516,7 @@ def test_fullname_override_renames_the_charts_own_objects_not_the_contract(
         return {
             identity
             for identity in identities(objects)
-            if identity[1] is not None and identity[2] not in FIXED_NAMESPACED
+            if identity[1] is not None and (identity[0], identity[2]) not in FIXED_NAMESPACED
         }
 
     assert len(own(default)) >= 12
@@ -475,7 +527,8 @@ def test_fullname_override_renames_the_charts_own_objects_not_the_contract(
     }
     contract = identities(default) - own(default)
     assert contract == identities(renamed) - own(renamed)
-    assert ("ServiceAccount", "team-a", "pkobatch-runner") in contract
+    assert ("ServiceAccount", "team-a", "acme-pko-runner") in identities(renamed)
+    assert runner_account_env(renamed) == "acme-pko-runner"
     assert ("CustomResourceDefinition", None, "stacks.pulumi.com") in contract
     # The references follow: ServiceAccount, bound Roles, the job template's ConfigMap.
     spec = named(renamed, "Deployment", "acme-pko-controller")["spec"]["template"]["spec"]
@@ -489,7 +542,7 @@ def test_fullname_override_renames_the_charts_own_objects_not_the_contract(
             o for o in renamed if (o["kind"], o["metadata"]["name"]) == (ref["kind"], ref["name"])
         ]
         subjects = {s["name"] for s in binding["subjects"]}
-        assert subjects <= {"acme-pko-controller", "pkobatch-runner"}, binding
+        assert subjects <= {"acme-pko-controller", "acme-pko-runner"}, binding
 
 
 def test_alerts_and_the_cli_find_a_renamed_controller(helm_bin: Path) -> None:

@@ -91,3 +91,12 @@ The controller's ServiceAccount: serviceAccount.name, else <fullname>-controller
 {{- define "pkobatch.serviceAccountName" -}}
 {{ .Values.serviceAccount.name | default (printf "%s-controller" (include "pkobatch.fullname" .)) }}
 {{- end }}
+
+{{/*
+The runners' ServiceAccount in each runner namespace, and the controller's default for runs
+whose Stack names none (PKOBATCH_JOB__SERVICE_ACCOUNT): runner.serviceAccount.name, else
+<fullname>-runner (pkobatch-runner, the controller's own default, as in deploy/kustomize/runner).
+*/}}
+{{- define "pkobatch.runnerServiceAccountName" -}}
+{{ .Values.runner.serviceAccount.name | default (printf "%s-runner" (include "pkobatch.fullname" .)) }}
+{{- end }}
