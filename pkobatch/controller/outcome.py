@@ -495,12 +495,15 @@ def refused_snapshot(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) 
     refused (its ServiceAccount may not get ConfigMaps); "" when none says so. Only a
     ConfigMap of this Job's snapshot counts, in its namespace."""
     meta = job.get("metadata") or {}
-    own_part = f"{meta.get('namespace')}/{snapshot_configmap_name(str(meta.get('name')), 0)}"
-    own_prefix = own_part.removesuffix("0")
     for message in _termination_messages(job, pods) or ():
-        ref = snapshot_forbidden_in_message(message)
-        if ref.startswith(own_prefix) and ref.removeprefix(own_prefix).isdigit():
-            return ref.partition("/")[2]
+        namespace, _, configmap = snapshot_forbidden_in_message(message).partition("/")
+        index = configmap.rpartition("-")[2]
+        if (
+            namespace == meta.get("namespace")
+            and index.isdigit()
+            and configmap == snapshot_configmap_name(str(meta.get("name")), int(index))
+        ):
+            return configmap
     return ""
 
 
