@@ -16,7 +16,7 @@ The current Job's pods are listed (by the Job controller's label, one small ``li
 the Job has finished — its result is folded only if its pod vouches for it
 (``fold.trusted_result``), and its pod's status tells why a run without one failed (OOMKilled,
 evicted, deadline) — and while it runs only when its pod has not become ready for
-``fold.FIXED_BY_SPEC_LIMIT``, the first start limit (image pull errors, unschedulable), or a
+``pod_causes.FIXED_BY_SPEC_LIMIT``, the first start limit (image pull errors, unschedulable), or a
 spec change supersedes it (whether its pod has started decides if the new spec replaces it):
 ``fold.pod_status_matters``. So a run costs one list when it is folded. A list that fails
 fails the reconcile, which is retried, rather than folding a genuine result as untrusted.
@@ -55,11 +55,8 @@ from pkobatch.api.status import current_update, last_update
 from pkobatch.config import Settings
 from pkobatch.controller import approval
 from pkobatch.controller.decision import Observed, RunCheck, SourceObject
-from pkobatch.controller.outcome import (
-    JOB_CONTROLLER_UID_LABEL,
-    job_without_pod,
-    pod_status_matters,
-)
+from pkobatch.controller.outcome import job_without_pod, pod_status_matters
+from pkobatch.controller.pod_causes import JOB_CONTROLLER_UID_LABEL
 from pkobatch.controller.polling import GitPoller, poll_key
 from pkobatch.controller.steps.runs import run_refusal
 from pkobatch.controller.stores import StackKey, Stores, flux_source_resource

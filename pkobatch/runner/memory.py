@@ -8,7 +8,7 @@ runner counts the cgroup's OOM kills when it starts and again when a run fails
 (``out_of_memory_failure``). Both cgroup versions are read: v2's ``memory.events`` and
 ``memory.max``, v1's ``memory.oom_control`` and ``memory.limit_in_bytes``. When the runner
 itself is the process killed, it writes no result and the controller reads the reason from
-the pod's status (``pkobatch.controller.outcome.pod_cause``).
+the pod's status (``pkobatch.controller.pod_causes.pod_cause``).
 
 The container's own cgroup is mounted at ``/sys/fs/cgroup`` (v2) or
 ``/sys/fs/cgroup/memory`` (v1) in a container; a host process (the node agent's) finds it

@@ -20,7 +20,8 @@ from pkobatch.api.constants import (
     RESULT_LABEL,
     STACK_LABEL,
 )
-from pkobatch.controller.outcome import POD_START_LIMIT, pod_status_matters
+from pkobatch.controller.outcome import pod_status_matters
+from pkobatch.controller.pod_causes import POD_START_LIMIT
 
 
 def test_success_folds_into_last_update_outputs_and_ready() -> None:

@@ -1,4 +1,4 @@
-"""Pod-level causes of a failed run (pkobatch.controller.fold.pod_cause and its uses), from
+"""Pod-level causes of a failed run (pkobatch.controller.pod_causes.pod_cause and its uses), from
 pod statuses in the shapes a kubelet and the scheduler write them (Kubernetes 1.3x)."""
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ import pytest
 import yaml
 
 from pkobatch.controller.outcome import (
-    FIXED_BY_SPEC_LIMIT,
-    POD_START_LIMIT,
     job_outcome,
     next_pod_start_check,
-    pod_cause,
     pod_start_outcome,
     pod_status_matters,
 )
+from pkobatch.controller.pod_causes import FIXED_BY_SPEC_LIMIT, POD_START_LIMIT, pod_cause
 
 NOW = datetime(2026, 2, 1, 8, 0, tzinfo=UTC)
 SPEC = yaml.safe_load(
