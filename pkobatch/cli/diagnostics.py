@@ -78,7 +78,7 @@ COMMAND_PERMISSIONS: Final[Mapping[str, tuple[tuple[str, str, str], ...]]] = {
         ("pulumi.com", "stacks", "list"),
         ("pulumi.com", "stacks", "watch"),
     ),
-    "up, preview, refresh, destroy, cancel, reconcile, suspend, resume, approve, reject": (
+    "up, preview, refresh, destroy, cancel, unlock, reconcile, suspend, resume, approve, reject": (
         ("pulumi.com", "stacks", "patch"),
     ),
     "history": (("batch", "jobs", "list"), ("", "configmaps", "list")),
