@@ -153,6 +153,21 @@ def traced_calls(argv: list[str], env: dict[str, str], cwd: Path, shim_dir: Path
     return [subcommand(line) for line in trace.read_text().splitlines()]
 
 
+def baseline_checkout(source: Path, checkout: Path, env: dict[str, str]) -> Path:
+    """The baseline's checkout of ``source``, with its stack ``dev``, as a hand-written
+    program has."""
+    shutil.copytree(source, checkout, ignore=shutil.ignore_patterns(".git"))
+    subprocess.run(
+        ["pulumi", "--non-interactive", "stack", "init", "dev"],
+        cwd=checkout,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return checkout
+
+
 def measure(
     program: Program,
     root: Path,
@@ -170,16 +185,7 @@ def measure(
     git("commit", "-q", "-m", "program", cwd=source)
     env = {**env, "PKOBATCH_CACHE_DIR": str(work / "cache")}
 
-    # The baseline's checkout, with its stack, as a hand-written program has.
-    checkout = work / "baseline"
-    shutil.copytree(source, checkout, ignore=shutil.ignore_patterns(".git"))
-    subprocess.run(
-        ["pulumi", "--non-interactive", "stack", "init", "dev"],
-        cwd=checkout,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    checkout = baseline_checkout(source, work / "baseline", env)
     if program.fixture == "files":
         baseline = [sys.executable, "-c", PYTHON_BASELINE, str(checkout)]
         baseline.append(json.dumps(program.config))
