@@ -1,5 +1,5 @@
-"""The sentinel scan itself (tests/helpers/sentinels.py): a deliberately leaked sentinel is found in
-every kind of place it covers (objects, logs, process arguments, what a test's receivers
+"""The sentinel scan itself (tests/helpers/sentinels.py): a deliberately leaked sentinel is found
+in every kind of place it covers (objects, logs, process arguments, what a test's receivers
 got), and a leak fails the pytest session that made it.
 
 The leaks planted here use private sentinels (not registered for the session), so this
@@ -211,7 +211,7 @@ def inner_session(tmp_path: Path, test_code: str) -> subprocess.CompletedProcess
     root = tmp_path / "inner"
     root.mkdir(parents=True)
     (root / "conftest.py").write_text(
-        "from sentinels import sentinel_session as sentinel_session\n"
+        "from helpers.sentinels import sentinel_session as sentinel_session\n"
     )
     (root / "test_inner.py").write_text(test_code)
     env = {
