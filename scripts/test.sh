@@ -125,6 +125,7 @@ timings+=("static checks $(elapsed "$began")")
 # The e2e tier runs beside the others, its output kept until it ends so that the tiers'
 # outputs do not interleave.
 (
+  timings=() failures=()
   tier e2e 3 tests/e2e || true
   for t in "${timings[@]}"; do echo "timing $t"; done >"$work/e2e-timings"
   for f in "${failures[@]}"; do echo "$f"; done >"$work/e2e-failures"
