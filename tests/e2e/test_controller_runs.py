@@ -56,8 +56,6 @@ from pkobatch.kube.client import (
     EVENTS,
     JOBS,
     PODS,
-    ROLEBINDINGS,
-    ROLES,
     SECRETS,
     SERVICEACCOUNTS,
     STACKS,
@@ -684,32 +682,12 @@ def test_a_runner_that_cannot_read_its_job_still_owns_its_result(
     # as it would during an API outage, with no way around it but the pod's own label.
     account = "runner-without-job-read"
     create_service_account(kube, namespace, account)
-    kube.create(
-        ROLES,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": account},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "verbs": ["create", "get", "update"],
-                }
-            ],
-        },
+    grant_role(
+        kube,
         namespace,
-    )
-    kube.create(
-        ROLEBINDINGS,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": account},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-            "subjects": [{"kind": "ServiceAccount", "name": account}],
-        },
-        namespace,
+        account,
+        [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "update"]}],
+        account,
     )
     repo = git_repo()
     apply_stack(kube, namespace, "app", stack_spec(repo, pulumi_env, serviceAccountName=account))
