@@ -160,5 +160,5 @@ def build_manager(
     # Stacks of namespaces the controller does not reconcile are cached but not reported.
     stack_metrics.track_stores(stores, manager.in_scope)
     if isinstance(reconciler, StackReconciler):
-        reconciler.program_artifacts.serve_only(manager.in_scope)
+        reconciler.scope_to(manager.in_scope)
     return manager

@@ -355,7 +355,14 @@ class StackReconciler:
         self.program_artifacts = ProgramArtifacts(
             self._actor, stores.programs, settings.programs, default_lease_namespace(), clock
         )
+        self._in_scope: Callable[[str], bool] = lambda namespace: True
         self._seeded = False
+
+    def scope_to(self, in_scope: Callable[[str], bool]) -> None:
+        """Reconcile, count and serve only what belongs to the namespaces ``in_scope``
+        accepts (the manager's namespace selector)."""
+        self._in_scope = in_scope
+        self.program_artifacts.serve_only(in_scope)
 
     # -- Service ---------------------------------------------------------------------------
 
@@ -383,11 +390,13 @@ class StackReconciler:
 
         def stack_of(job: Mapping[str, Any]) -> StackKey | None:
             """The Job's Stack if this controller reconciles it: a Job of a Stack outside
-            its selector or shard (e.g. created before the Stack moved) holds no slot here,
-            as nothing here would ever release it."""
+            its namespace selector or shard (e.g. created before the Stack moved) holds no
+            slot here, as nothing here would ever release it."""
             name = stack_name_of(dict(job))
             namespace = str((job.get("metadata") or {}).get("namespace") or "")
-            if not name or self._stores.stacks.get(namespace, name) is None:
+            if not name or not self._in_scope(namespace):
+                return None
+            if self._stores.stacks.get(namespace, name) is None:
                 return None
             return StackKey(namespace, name)
 
@@ -401,8 +410,10 @@ class StackReconciler:
 
     def forget(self, key: StackKey) -> None:
         """``key``'s namespace stopped matching the namespace selector: no branch polling or
-        Flux source watch on its behalf any more (``runtime.interfaces.Forgetful``)."""
+        Flux source watch on its behalf any more (``runtime.interfaces.Forgetful``), and its
+        running Job no longer holds a run slot: nothing here would see it end."""
         self._observer.forget(key)
+        self.admission.forget(key)
 
     def reconcile(self, key: StackKey) -> ReconcileResult:
         if isinstance(key, ProgramKey):

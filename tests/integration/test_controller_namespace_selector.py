@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.controller_harness import ControllerProcess, apply_stack, condition, wait_stack
+from helpers.controller_harness import (
+    ControllerProcess,
+    apply_stack,
+    bind_runner,
+    condition,
+    stack_jobs,
+    wait_stack,
+)
 
 from pkobatch.api.constants import FINALIZER
+from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import NAMESPACES, STACKS, Kube, NotFound
 
 pytestmark = pytest.mark.timeout(600)
@@ -122,5 +130,54 @@ def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
         assert f'name="barrier",namespace="{b}"' in scraped
         assert f'namespace="{a}"' not in scraped
         assert controller.metric("stacks_active") == 3.0
+    finally:
+        controller.stop()
+
+
+def test_a_run_of_a_namespace_that_leaves_the_selector_frees_its_run_slot(
+    cluster: Any,
+    kube: Kube,
+    namespace: str,
+    more_namespaces: list[str],
+    tmp_path: Path,
+    controller_rbac: None,
+) -> None:
+    """One run slot (``PKOBATCH_MAX_ACTIVE_JOBS=1``). A's Job holds it (no node here: its pod
+    never runs, so the Job stays active); B's Stack waits for it. When A loses its label,
+    nothing here will ever see A's Job end, so its slot is released and B's run starts."""
+    token = secrets.token_hex(4)
+    a, (b, _) = namespace, more_namespaces
+    for selected_namespace in (a, b):
+        label(kube, selected_namespace, token)
+        bind_runner(kube, selected_namespace)
+    controller = ControllerProcess(
+        cluster,
+        "",
+        tmp_path / "controller",
+        {"PKOBATCH_NAMESPACE_SELECTOR": f"{LABEL}={token}", "PKOBATCH_MAX_ACTIVE_JOBS": "1"},
+    )
+    controller.start()
+    try:
+        apply_stack(kube, a, "first", {"stack": "dev"})
+        wait_until(lambda: bool(stack_jobs(kube, a, "first")), timeout=120, what="A's Job")
+        apply_stack(kube, b, "second", {"stack": "dev"})
+        wait_stack(
+            kube,
+            b,
+            "second",
+            lambda s: "waiting for a free run slot" in str(s.get("status")),
+            timeout=120,
+            what="B's Stack to wait for the run slot A's Job holds",
+        )
+        assert stack_jobs(kube, b, "second") == []
+
+        label(kube, a, None)
+        wait_until(
+            lambda: bool(stack_jobs(kube, b, "second")),
+            timeout=120,
+            what="B's Job, once A's namespace left the selector",
+        )
+        # A's Job is left alone: another controller may own that namespace now.
+        assert len(stack_jobs(kube, a, "first")) == 1
     finally:
         controller.stop()
