@@ -1010,6 +1010,68 @@ def test_refused_git_credentials_and_a_stack_that_cannot_be_selected_have_pkos_e
     assert not [e for e in events if e["reason"] == "StackUpdateFailure"]
 
 
+def test_outputs_that_cannot_be_read_after_an_update_have_pkos_event_reason(
+    controller: ControllerProcess,
+    kube: Kube,
+    namespace: str,
+    git_repo: Callable[..., Any],
+    pulumi_env: Any,
+    secrets: JSON,
+    tmp_path: Path,
+) -> None:
+    # The passphrase comes from a file, as from a mounted Secret, and is rotated while the
+    # update runs: Pulumi read it before the update, so the update succeeds; reading the
+    # outputs in plaintext for spec.exportOutputs (`stack output --show-secrets`) afterwards
+    # meets the new one, which cannot decrypt the stack's secrets.
+    passphrase_file = tmp_path / "passphrase"
+    passphrase_file.write_text(pulumi_env.passphrase)
+    hold = tmp_path / "hold"
+    export = {"configMap": {"name": "app-outputs"}, "secret": {"name": "app-secret-outputs"}}
+    repo = git_repo()
+    spec = stack_spec(repo, pulumi_env, exportOutputs=export)
+    del spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]
+    spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE_FILE"] = literal(str(passphrase_file))
+    spec["config"]["holdUntil"] = str(hold)
+    apply_stack(kube, namespace, "app", spec)
+    try:
+        wait_until(
+            lambda: held_lock(pulumi_env.backend_url) is not None,
+            timeout=300,
+            what="the update to hold the stack's lock",
+        )
+        passphrase_file.write_text(plant("rotated-passphrase"))
+    finally:
+        hold.touch()
+
+    (event, *_) = wait_events(
+        kube,
+        namespace,
+        lambda e: e["regarding"]["name"] == "app" and e["reason"] == "StackOutputRetrievalFailure",
+        timeout=300,
+    )
+    assert event["type"] == "Warning" and "incorrect passphrase" in event["note"]
+    job = event["note"].removeprefix("up ").split()[0]
+    result = json.loads(kube.get(CONFIGMAPS, job, namespace)["data"]["result.json"])
+    assert (result["state"], result["failedStep"]) == ("failed", "outputRetrieval")
+    assert result["commit"] == repo.commit
+    # The update itself went through: the program's files exist; nothing was exported.
+    assert len(list(pulumi_env.files_dir.iterdir())) == 2
+    assert kube.get_or_none(CONFIGMAPS, "app-outputs", namespace) is None
+    assert kube.get_or_none(SECRETS, "app-secret-outputs", namespace) is None
+    events, _ = kube.list_objects(EVENTS, namespace)
+    assert not [e for e in events if e["reason"] == "StackUpdateFailure" and job in e["note"]], (
+        "the run's failure has PKO's reason for it, not the generic one"
+    )
+
+    # The right passphrase back: the next run exports the outputs.
+    passphrase_file.write_text(pulumi_env.passphrase)
+    request_reconcile(kube, namespace, "app", "passphrase-restored")
+    wait_stack(kube, namespace, "app", ready, timeout=300)
+    assert kube.get(CONFIGMAPS, "app-outputs", namespace)["data"]["directory"] == str(
+        pulumi_env.files_dir
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # Outputs for other workloads (issue 12, item 4): spec.exportOutputs
 # ---------------------------------------------------------------------------------------
