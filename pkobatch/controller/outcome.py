@@ -119,16 +119,29 @@ def job_without_pod(job: Mapping[str, Any], now: datetime) -> bool:
     return created is not None and now - created >= POD_CREATION_GRACE
 
 
+# How the API server's Pod Security admission begins its refusal of a pod.
+POD_SECURITY_REFUSAL: Final = "violates PodSecurity"
+
+
 def pod_creation_outcome(job: Mapping[str, Any], failure: str, now: datetime) -> Outcome:
     name = (job.get("metadata") or {}).get("name")
+    if POD_SECURITY_REFUSAL in failure:
+        fix = (
+            "The namespace's Pod Security level (label pod-security.kubernetes.io/enforce) "
+            "refuses the run's pod: use spec.workspaceTemplate.spec.securityProfile "
+            "restricted (the default), and no podTemplate or jobTemplate field that relaxes it"
+        )
+    else:
+        fix = (
+            "Fix the cause (e.g. create the ServiceAccount named in spec.serviceAccountName, "
+            "raise the namespace's ResourceQuota, satisfy its admission policies)"
+        )
     return Outcome(
         "failed",
         POD_CREATION_FAILED,
         bound_message(
             f"run {name} could not start: the Job controller cannot create its pod: {failure}. "
-            "Fix the cause (e.g. create the ServiceAccount named in spec.serviceAccountName, "
-            "raise the namespace's ResourceQuota, satisfy its admission policies); the run "
-            "is retried with the normal backoff"
+            f"{fix}; the run is retried with the normal backoff"
         ),
         now,
     )

@@ -135,6 +135,25 @@ def test_a_job_that_cannot_create_its_pod_fails_within_seconds_with_the_servers_
     assert [e.reason for e in result.events] == ["StackUpdateFailure"]
 
 
+def test_a_pod_refused_by_pod_security_admission_names_the_security_profile() -> None:
+    world = World({**GIT_SPEC, "workspaceTemplate": {"spec": {"securityProfile": "baseline"}}})
+    world.step()
+    name = world.current_job()
+    world.jobs[name]["metadata"]["creationTimestamp"] = rfc3339(world.now)
+    world.advance(10)
+    world.pod_creation_failures = {
+        name: f'Error creating: pods "{name}-x" is forbidden: violates PodSecurity '
+        '"restricted:latest": runAsNonRoot != true (pod or container "pulumi" must set '
+        "securityContext.runAsNonRoot=true)"
+    }
+    world.step()
+    message = world.status["lastUpdate"]["message"]
+    assert 'violates PodSecurity "restricted:latest": runAsNonRoot != true' in message
+    assert "spec.workspaceTemplate.spec.securityProfile restricted" in message
+    assert "ServiceAccount" not in message and "ResourceQuota" not in message
+    assert message.endswith("the run is retried with the normal backoff")
+
+
 def test_a_job_whose_pod_exists_is_never_failed_for_pod_creation() -> None:
     world = World()
     world.step()
