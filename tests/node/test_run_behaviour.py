@@ -98,6 +98,65 @@ def test_a_run_is_admitted_and_succeeds_in_a_restricted_namespace(
     assert settled(stack)
 
 
+def test_a_namespaces_restricted_level_admits_the_restricted_profile_and_refuses_baseline(
+    node_cluster: Cluster,
+    node_namespace: str,
+    node_controller: ControllerProcess,
+    pulumi_yaml_image: str,
+) -> None:
+    """``workspaceTemplate.spec.securityProfile`` on a real kubelet, under the API server's
+    Pod Security admission: ``restricted`` runs; ``baseline`` passes pkobatch's own check
+    (``PKOBATCH_JOB__POD_SECURITY_LEVEL``, ``baseline`` by default) but its pod is refused,
+    and the Stack says so instead of waiting for a pod until the Job's deadline."""
+    kube = node_cluster.kube
+    enforce = "pod-security.kubernetes.io/enforce"
+    kube.merge_patch(NAMESPACES, node_namespace, {"metadata": {"labels": {enforce: "restricted"}}})
+    apply_stack(
+        kube, node_namespace, "strict", yaml_stack(pulumi_yaml_image, securityProfile="restricted")
+    )
+    apply_stack(
+        kube, node_namespace, "relaxed", yaml_stack(pulumi_yaml_image, securityProfile="baseline")
+    )
+
+    strict = wait_stack(kube, node_namespace, "strict", ready, timeout=600)
+    relaxed = wait_stack(
+        kube,
+        node_namespace,
+        "relaxed",
+        lambda s: last_update(s).get("state") == "failed",
+        timeout=600,
+    )
+
+    assert strict["status"]["outputs"]["message"] == "kia ora from YAML"
+    pod = wait_run_pod(node_cluster, node_namespace, "strict", ended, "the run's pod to end")
+    assert pod["status"]["phase"] == "Succeeded"
+    # The kubelet reports the user the run container ran as.
+    (run,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "pulumi"]
+    assert run["user"]["linux"]["uid"] != 0
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+
+    update = last_update(relaxed)
+    assert update["reason"] == "PodCreationFailed", update
+    message = update["message"]
+    assert "the Job controller cannot create its pod" in message
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "allowPrivilegeEscalation != false" in message and "runAsNonRoot != true" in message
+    assert "use spec.workspaceTemplate.spec.securityProfile restricted" in message
+    assert condition(relaxed, "Ready")["status"] == "False"
+    # The words are the API server's, from the Job controller's Event about the run's Job.
+    (refused, *_) = wait_events(
+        kube,
+        node_namespace,
+        lambda e: e["reason"] == "FailedCreate" and e["regarding"]["name"] == update["name"],
+    )
+    assert 'violates PodSecurity "restricted:latest"' in refused["note"]
+
+
 def test_a_run_with_a_read_only_root_filesystem_still_works(
     node_cluster: Cluster,
     node_namespace: str,
