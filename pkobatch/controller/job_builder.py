@@ -305,7 +305,7 @@ def build_run(
     _apply_workspace_template(job, workspace)
     _apply_template_metadata(job, spec)
     _apply_job_template(job, spec.job_template)
-    _apply_invariants(job, name, namespace, labels, annotations, stack_name, uid)
+    _apply_invariants(job, name, namespace, labels, annotations, stack, uid)
     _apply_run_bounds(job, spec, run, settings)
     inputs = _apply_runner_inputs(job, snapshot, inline, labels, settings)
     _check_pod_security(job["spec"]["template"], settings.pod_security_level, template)
@@ -664,10 +664,13 @@ def _apply_invariants(
     namespace: str,
     labels: dict[str, str],
     annotations: dict[str, str],
-    stack_name: str,
+    owner: Mapping[str, Any],
     uid: str,
 ) -> None:
-    """Layer 5: what no template may change (name, labels, owner, no retries, no restarts)."""
+    """Layer 5: what no template may change (name, labels, owner, no retries, no restarts).
+
+    The owner is the Stack, or the object a run is made for when it says what it is (its
+    ``apiVersion`` and ``kind``: a PKO Update, ``controller.auto_runs``)."""
     pod_template: JSON = job["spec"]["template"]
     job["apiVersion"] = "batch/v1"
     job["kind"] = "Job"
@@ -683,9 +686,9 @@ def _apply_invariants(
     metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
     metadata["ownerReferences"] = [
         {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": stack_name,
+            "apiVersion": str(owner.get("apiVersion") or API_VERSION),
+            "kind": str(owner.get("kind") or KIND),
+            "name": str(owner["metadata"]["name"]),
             "uid": uid,
             "controller": True,
             "blockOwnerDeletion": True,
