@@ -82,6 +82,9 @@ class Resource:
 
 STACKS: Final = Resource("pulumi.com", "v1", "stacks", "Stack")
 PROGRAMS: Final = Resource("pulumi.com", "v1", "programs", "Program")
+# PKO's auto.pulumi.com kinds (pkobatch.controller.auto_runs runs them as Jobs).
+WORKSPACES: Final = Resource("auto.pulumi.com", "v1alpha1", "workspaces", "Workspace")
+UPDATES: Final = Resource("auto.pulumi.com", "v1alpha1", "updates", "Update")
 JOBS: Final = Resource("batch", "v1", "jobs", "Job")
 PODS: Final = Resource("", "v1", "pods", "Pod")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
@@ -131,6 +134,8 @@ _BY_KIND: Final = {
     for r in (
         STACKS,
         PROGRAMS,
+        WORKSPACES,
+        UPDATES,
         JOBS,
         PODS,
         CONFIGMAPS,

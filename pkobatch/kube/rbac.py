@@ -49,6 +49,18 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     ("pulumi.com", "programs", "list"),
     ("pulumi.com", "programs", "watch"),
     ("pulumi.com", "programs/status", "patch"),
+    # PKO's Workspaces (status kept) and Updates (each run as a Job, status kept, deleted
+    # after spec.ttlAfterCompleted; their Jobs are owned by them with blockOwnerDeletion).
+    ("auto.pulumi.com", "workspaces", "get"),
+    ("auto.pulumi.com", "workspaces", "list"),
+    ("auto.pulumi.com", "workspaces", "watch"),
+    ("auto.pulumi.com", "workspaces/status", "patch"),
+    ("auto.pulumi.com", "updates", "get"),
+    ("auto.pulumi.com", "updates", "list"),
+    ("auto.pulumi.com", "updates", "watch"),
+    ("auto.pulumi.com", "updates", "delete"),
+    ("auto.pulumi.com", "updates/status", "patch"),
+    ("auto.pulumi.com", "updates/finalizers", "update"),
     # Flux sources named in spec.fluxSource: read-only (watched once a Stack names a kind).
     ("source.toolkit.fluxcd.io", "gitrepositories", "get"),
     ("source.toolkit.fluxcd.io", "gitrepositories", "list"),

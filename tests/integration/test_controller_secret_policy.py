@@ -1,5 +1,6 @@
 """The admission policy on the controller's Secrets (deploy/kustomize/base), on the real API
-server: the controller's `create` on Secrets serves a run's inline secrets and nothing else."""
+server: the controller's `create` on Secrets serves a run's inline secrets and a PKO Update's
+outputs, and nothing else."""
 
 from __future__ import annotations
 
@@ -85,4 +86,38 @@ def test_the_controller_may_create_no_secret_but_a_runs_own(
     unowned["metadata"]["name"] = "app-up-0123456789-secrets-2"
     with pytest.raises(KubeError, match="may only create"):
         as_controller.create(SECRETS, unowned, namespace)
+    # A PKO Update's outputs Secret, owned by that Update (pkobatch.controller.auto_runs).
+    by_update = {
+        "apiVersion": "auto.pulumi.com/v1alpha1",
+        "kind": "Update",
+        "name": "app-up",
+        "uid": "00000000-0000-4000-8000-000000000001",
+        "controller": True,
+    }
+    outputs = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "app-up-stack-outputs",
+            "labels": {"auto.pulumi.com/update-name": "app-up"},
+            "ownerReferences": [by_update],
+        },
+        "type": "Opaque",
+        "stringData": {"url": '"https://example.com"'},
+    }
+    as_controller.create(SECRETS, outputs, namespace)
+    job_owned = {**outputs, "metadata": {**outputs["metadata"], "name": "app-up-stack-outputs"}}
+    job_owned["metadata"]["ownerReferences"] = run_secret["metadata"]["ownerReferences"]
+    job_owned["metadata"]["labels"] = {"auto.pulumi.com/update-name": "app-up"}
+    kube.delete(SECRETS, "app-up-stack-outputs", namespace)
+    with pytest.raises(KubeError, match="must be owned by"):
+        as_controller.create(SECRETS, job_owned, namespace)
+    update_owned_input = {
+        **run_secret,
+        "metadata": {**run_secret["metadata"], "name": "app-up-0123456789-secrets"},
+    }
+    update_owned_input["metadata"]["ownerReferences"] = [by_update]
+    kube.delete(SECRETS, "app-up-0123456789-secrets", namespace)
+    with pytest.raises(KubeError, match="must be owned by"):
+        as_controller.create(SECRETS, update_owned_input, namespace)
     as_controller.close()

@@ -1,8 +1,8 @@
 """The generated Workspace and Update CRDs (auto.pulumi.com/v1alpha1): PKO v2.9's schemas.
 
 Each CRD is compared, property path by property path, with a table of PKO's paths
-(tests/fixtures/pko/*-schema-paths.tsv, read from PKO's generated CRDs). Nothing reconciles
-these kinds yet, so neither crds/ nor ``pkobatch crds`` offers them (docs/api.md).
+(tests/fixtures/pko/*-schema-paths.tsv, read from PKO's generated CRDs). crds/ holds them as
+``pkobatch crds workspaces|updates`` prints them (pkobatch.controller.auto_runs runs them).
 """
 
 from __future__ import annotations
@@ -13,12 +13,20 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from helpers.schema_paths import walk
 from pydantic import ValidationError
 
-from pkobatch.api.crd import generate_update_crd, generate_workspace_crd
+from pkobatch.api.crd import (
+    AUTO_CRD_FILES,
+    generate_update_crd,
+    generate_workspace_crd,
+    regenerate_command,
+    render_auto_crd_yaml,
+)
 from pkobatch.api.update import UpdateSpec
 from pkobatch.api.workspace import WorkspaceSpec
+from pkobatch.cli.crds import crds_command
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pko"
 PRESERVE = "x-kubernetes-preserve-unknown-fields"
@@ -144,3 +152,16 @@ def test_the_models_read_pko_shaped_manifests_and_refuse_unknown_fields() -> Non
     assert update.to_manifest() == documents["Update"]["spec"]
     with pytest.raises(ValidationError, match="notAField"):
         UpdateSpec.model_validate({**documents["Update"]["spec"], "notAField": True})
+
+
+@pytest.mark.parametrize("plural", sorted(AUTO_CRD_FILES))
+def test_crds_directory_holds_the_generated_crd_and_the_cli_prints_it(plural: str) -> None:
+    text = render_auto_crd_yaml(plural)
+    committed = FIXTURES.parents[2] / "crds" / AUTO_CRD_FILES[plural]
+    assert committed.read_text() == text, (
+        f"{committed.name} is stale: run `{regenerate_command(plural)}`"
+    )
+    assert yaml.safe_load(text) == CRDS[plural][0]()
+    printed = CliRunner().invoke(crds_command, [plural])
+    assert printed.exit_code == 0
+    assert printed.output == text

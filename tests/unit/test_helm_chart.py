@@ -120,7 +120,7 @@ def test_drift_is_found_and_sync_repairs_it(tmp_path: Path) -> None:
     for source in {*chart_copies().values(), CRDS / "kustomization.yaml"}:
         (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / source).write_bytes((REPO / source).read_bytes())
-    assert len(sync(tmp_path)) == len(chart_copies()) == 8
+    assert len(sync(tmp_path)) == len(chart_copies()) == 10
     assert drifted(tmp_path) == []
     rules = tmp_path / CHART_DIR / "files" / "kustomize" / "runner-clusterrole.yaml"
     rules.write_text(rules.read_text() + "# edited\n")

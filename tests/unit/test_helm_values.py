@@ -268,12 +268,14 @@ def test_aggregation_roles_extend_view_edit_and_admin_with_stacks_and_programs(
     assert aggregated_into(edit) == {"edit", "admin"}
     assert {verb for rule in view["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}
     for role in (view, edit):
-        assert {group for rule in role["rules"] for group in rule["apiGroups"]} == {"pulumi.com"}
+        groups = {group for rule in role["rules"] for group in rule["apiGroups"]}
+        assert groups == {"pulumi.com", "auto.pulumi.com"}
     assert {"create", "update", "patch", "delete"} <= {
         verb for rule in edit["rules"] for verb in rule["verbs"]
     }
     # The controller writes status; edit users do not.
-    assert "stacks/status" not in {r for rule in edit["rules"] for r in rule["resources"]}
+    edited = {r for rule in edit["rules"] for r in rule["resources"]}
+    assert {"stacks/status", "workspaces/status", "updates/status"}.isdisjoint(edited)
 
 
 @pytest.mark.parametrize(

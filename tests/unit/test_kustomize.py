@@ -129,6 +129,8 @@ def test_crds_directory_installs_only_the_crds() -> None:
     assert kinds(kustomize(REPO / "crds")) == {
         ("CustomResourceDefinition", "stacks.pulumi.com"),
         ("CustomResourceDefinition", "programs.pulumi.com"),
+        ("CustomResourceDefinition", "workspaces.auto.pulumi.com"),
+        ("CustomResourceDefinition", "updates.auto.pulumi.com"),
     }
 
 
@@ -137,6 +139,8 @@ def test_crds_directory_installs_only_the_crds() -> None:
     [
         ("pulumi.com_stacks.yaml", "stacks.pulumi.com"),
         ("pulumi.com_programs.yaml", "programs.pulumi.com"),
+        ("auto.pulumi.com_workspaces.yaml", "workspaces.auto.pulumi.com"),
+        ("auto.pulumi.com_updates.yaml", "updates.auto.pulumi.com"),
     ],
 )
 def test_crd_is_the_generated_one_from_crds_directory(file: str, name: str) -> None:
