@@ -5,7 +5,8 @@ generic runtime (``pkobatch.runtime``).
 shard, in the namespaces the namespace list and selector give; Jobs and ConfigMaps labelled
 managed-by pkobatch, of the same shard; Programs, each of which the main controller also
 reconciles (its ``status.artifact``, ``controller.program_artifacts``); the Flux source
-kinds Stacks name, while they do) and which Stack each watched object wakes
+kinds Stacks name, while they do; PKO's Workspaces and Updates, which the main controller
+runs (``controller.auto_objects``)) and which Stack each watched object wakes
 (``pkobatch.controller.stores``).
 """
 
@@ -22,12 +23,15 @@ from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import (
     Stores,
     owning_stack,
+    owning_stack_or_update,
     program_and_stacks_naming_it,
     stacks_naming_flux_source,
     stacks_naming_program,
     the_stack,
+    the_update,
+    the_workspace_and_its_updates,
 )
-from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, Kube
+from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, UPDATES, WORKSPACES, Kube
 from pkobatch.runtime.interfaces import Enqueuer, ObjectKey, Reconciler
 from pkobatch.runtime.manager import (
     LeaderElection,
@@ -106,6 +110,13 @@ def build_manager(
     # The echoes of the Stack reconciler's own writes, and a run's start, wake nothing
     # (``controller.echoes``).
     own_writes = reconciler.own_writes if isinstance(reconciler, StackReconciler) else None
+    # PKO's Workspaces and Updates are the main controller's (a shard runs only Stacks);
+    # their Jobs and results wake them too.
+    owner_of_run = (
+        owning_stack(stores.stacks)
+        if settings.shard
+        else owning_stack_or_update(stores.stacks, stores.updates)
+    )
     watches = [
         Watch(
             STACKS,
@@ -118,7 +129,7 @@ def build_manager(
         Watch(
             JOBS,
             stores.jobs,
-            owning_stack(stores.stacks),
+            owner_of_run,
             children,
             cache_job,
             resync=False,
@@ -127,7 +138,7 @@ def build_manager(
         Watch(
             CONFIGMAPS,
             stores.configmaps,
-            owning_stack(stores.stacks),
+            owner_of_run,
             children,
             cache_result,
             resync=False,
@@ -144,6 +155,11 @@ def build_manager(
             resync=not settings.shard,
         ),
     ]
+    if not settings.shard:
+        watches += [
+            Watch(WORKSPACES, stores.workspaces, the_workspace_and_its_updates(stores.updates)),
+            Watch(UPDATES, stores.updates, the_update),
+        ]
     manager = Manager(
         kube,
         queue,

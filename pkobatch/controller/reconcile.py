@@ -5,7 +5,8 @@ composition root (``composition.build_manager``) calls. The reconciler is a ``Se
 ``start()`` starts the shared branch poller and, when configured, the push receiver
 (``controller.receiver``, which makes the poller fetch a pushed branch now) and the Program
 artifact server; ``stop()`` stops them. A ``ProgramKey`` is not a Stack's: its reconcile
-keeps that Program's ``status.artifact`` (``controller.program_artifacts``).
+keeps that Program's ``status.artifact`` (``controller.program_artifacts``); a
+``WorkspaceKey`` or ``UpdateKey`` is PKO's Workspace or Update (``controller.auto_objects``).
 
 Shared state lives here, never in ``decide``:
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pkobatch.api.objects import JSON, job_finished
 from pkobatch.api.prerequisites import prerequisite_names
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
+from pkobatch.controller.auto_objects import AutoObjects
 from pkobatch.controller.decide import decide
 from pkobatch.controller.decision import Decision, Observed
 from pkobatch.controller.delivery import Notifier
@@ -47,7 +49,14 @@ from pkobatch.controller.receiver import PushReceiver
 from pkobatch.controller.run_pod import JobBuildError
 from pkobatch.controller.sharding import handover
 from pkobatch.controller.stack_metrics import StackMetrics
-from pkobatch.controller.stores import ProgramKey, StackKey, Stores, stack_name_of
+from pkobatch.controller.stores import (
+    ProgramKey,
+    StackKey,
+    Stores,
+    UpdateKey,
+    WorkspaceKey,
+    stack_name_of,
+)
 from pkobatch.kube.client import STACKS, Conflict, Kube, NotFound
 from pkobatch.runtime.interfaces import Enqueuer, ReconcileResult
 from pkobatch.runtime.manager import default_lease_namespace
@@ -355,6 +364,15 @@ class StackReconciler:
         self.program_artifacts = ProgramArtifacts(
             self._actor, stores.programs, settings.programs, default_lease_namespace(), clock
         )
+        self.auto_objects = AutoObjects(
+            kube,
+            self._actor,
+            self._events,
+            (stores.workspaces, stores.updates, stores.jobs),
+            settings,
+            self._template,
+            clock,
+        )
         self._in_scope: Callable[[str], bool] = lambda namespace: True
         self._seeded = False
 
@@ -418,6 +436,10 @@ class StackReconciler:
     def reconcile(self, key: StackKey) -> ReconcileResult:
         if isinstance(key, ProgramKey):
             return self.program_artifacts.reconcile(key)
+        if isinstance(key, WorkspaceKey):
+            return self.auto_objects.reconcile_workspace(key)
+        if isinstance(key, UpdateKey):
+            return self.auto_objects.reconcile_update(key)
         self._seed()
         cached = self._stores.stacks.get(key.namespace, key.name)
         version = self._cached_version(key)

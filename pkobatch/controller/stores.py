@@ -46,6 +46,14 @@ class ProgramKey(ObjectKey):
     kinds, and a ``ProgramKey`` never equals the ``StackKey`` of a Stack of the same name."""
 
 
+class WorkspaceKey(ObjectKey):
+    """The key of a PKO Workspace (its status, ``controller.auto_runs``)."""
+
+
+class UpdateKey(ObjectKey):
+    """The key of a PKO Update (its Job and status, ``controller.auto_runs``)."""
+
+
 def stack_name_of(obj: JSON) -> str | None:
     """The name of the Stack ``obj`` belongs to (itself, for a Stack); None when unknown."""
     meta = obj.get("metadata") or {}
@@ -105,6 +113,9 @@ class Stores:
     jobs: Store
     configmaps: Store
     programs: Store
+    # PKO's Workspaces and Updates (``controller.auto_objects``).
+    workspaces: Store
+    updates: Store
     # None: Flux sources are not watched (a reconciler built without the Manager).
     flux_sources: FluxSources | None = None
 
@@ -115,6 +126,8 @@ class Stores:
             jobs=Store(owner_of=stack_name_of, packing=SETTLED_RUNS),
             configmaps=Store(owner_of=stack_name_of, packing=SETTLED_RUNS),
             programs=Store(),
+            workspaces=Store(),
+            updates=Store(),
         )
 
 
@@ -139,6 +152,43 @@ def owning_stack(stacks: Store) -> MapFunc:
             yield StackKey(namespace, stack_name)
 
     return keys
+
+
+def owning_stack_or_update(stacks: Store, updates: Store) -> MapFunc:
+    """A Job's or ConfigMap's event wakes its Stack (``owning_stack``), or the Update of its
+    name: an Update's Job and result carry the Update's name where a Stack's carry the
+    Stack's; whose they are is checked by UID when they are read."""
+    of_stack = owning_stack(stacks)
+
+    def keys(obj: JSON) -> Iterator[ObjectKey]:
+        yield from of_stack(obj)
+        name = stack_name_of(obj)
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        if name and updates.get(namespace, name) is not None:
+            yield UpdateKey(namespace, name)
+
+    return keys
+
+
+def the_workspace_and_its_updates(updates: Store) -> MapFunc:
+    """A Workspace's event wakes it (its status) and the Updates that name it."""
+
+    def keys(workspace: JSON) -> Iterator[ObjectKey]:
+        namespace, name = _namespace_and_name(workspace)
+        yield WorkspaceKey(namespace, name)
+        for update in updates.list_objects():
+            meta = update.get("metadata") or {}
+            if (
+                meta.get("namespace") == namespace
+                and (update.get("spec") or {}).get("workspaceName") == name
+            ):
+                yield UpdateKey(namespace, str(meta.get("name", "")))
+
+    return keys
+
+
+def the_update(obj: JSON) -> Iterator[ObjectKey]:
+    yield UpdateKey(*_namespace_and_name(obj))
 
 
 def stacks_naming_program(stacks: Store) -> MapFunc:

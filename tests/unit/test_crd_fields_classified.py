@@ -27,6 +27,7 @@ import yaml
 from helpers.schema_paths import walk
 
 from pkobatch.api import NOOP_FIELDS
+from pkobatch.controller.auto_runs import TEMPLATE_FIELDS, UPDATE_OPTIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_CRD = REPO_ROOT / "crds" / "pulumi.com_stacks.yaml"
@@ -194,3 +195,106 @@ def test_reported_fields_outside_the_schema_are_kept_by_it() -> None:
         parent = reported.rsplit(".", 1)[0]
         assert parent in paths, f"{reported}: its parent {parent} is not in the CRD"
         assert paths[parent].get(PRESERVE) is True, f"{parent} drops {reported}"
+
+
+# PKO's Workspace and Update (crds/auto.pulumi.com_*.yaml), run by
+# pkobatch/controller/auto_runs.py: each field of their specs is read there (mapped onto the
+# run's Stack spec, whose readers are above, or used by the Update's own decision) or
+# reported there in status (the Workspace's Stalled/SpecInvalid or FieldsIgnored condition,
+# naming the field). Lists of objects are classified by their items' fields.
+AUTO_RUNS = "pkobatch/controller/auto_runs.py"
+WORKSPACE_CRD = REPO_ROOT / "crds" / "auto.pulumi.com_workspaces.yaml"
+UPDATE_CRD = REPO_ROOT / "crds" / "auto.pulumi.com_updates.yaml"
+# Objects whose own fields are classified (rather than the object as a whole).
+AUTO_OPENED: Final = ("spec.git", "spec.flux", "spec.stacks[]", "spec.stacks[].config[]")
+AUTO_HONOURED: Final[dict[str, str]] = {
+    # Copied into the Stack's workspaceTemplate.spec and updateTemplate.spec (the tables
+    # TEMPLATE_FIELDS and UPDATE_OPTIONS; test_controller_auto_runs checks the copies).
+    **{f"spec.{name}": rf'"{name}",' for name in (*TEMPLATE_FIELDS, *UPDATE_OPTIONS)},
+    "spec.git.url": r'git\["url"\]',
+    "spec.git.ref": r'git\["ref"\]',
+    "spec.git.dir": r'\("dir", "repoDir"\)',
+    "spec.git.shallow": r'\("shallow", "shallow"\)',
+    "spec.git.auth": r'_git_auth\(git\["auth"\]\)',
+    "spec.flux.url": r'flux\["url"\]',
+    "spec.flux.digest": r'flux\.get\("digest"\)',
+    "spec.flux.dir": r'flux\["dir"\]',
+    "spec.stacks[].name": r'stack\.get\("name"\) == stack_name',
+    "spec.stacks[].create": r'stack\.get\("create"\) is False',
+    "spec.stacks[].secretsProvider": r'stack\["secretsProvider"\]',
+    "spec.stacks[].environment": r'stack\["environment"\]',
+    "spec.stacks[].config[].key": r'item\.get\("key"\)',
+    "spec.stacks[].config[].value": r'item\.get\("value"\)',
+    "spec.stacks[].config[].secret": r'item\.get\("secret"\)',
+    # The Update's own fields; spec.ttlAfterCompleted (above) also expires the Update itself.
+    "spec.workspaceName": r'spec\.get\("workspaceName"\)',
+    "spec.stackName": r'update_spec\.get\("stackName"\)',
+    "spec.type": r'get\("type"\)',
+}
+# field -> a spec fragment that sets it, and the words the Workspace's status then shows.
+AUTO_REPORTED: Final[dict[str, tuple[dict[str, Any], str]]] = {
+    "spec.serviceTemplate": (
+        {"serviceTemplate": {"metadata": {"labels": {"a": "b"}}}},
+        "spec.serviceTemplate: there is no workspace Service",
+    ),
+    "spec.projectInfo": (
+        {"projectInfo": {"name": "p", "runtime": "yaml"}},
+        "spec.projectInfo is not supported",
+    ),
+    "spec.stacks[].config[].path": (
+        {"stacks": [{"name": "dev", "config": [{"key": "a.b", "path": True, "value": 1}]}]},
+        "config[a.b].path is not supported",
+    ),
+    "spec.stacks[].config[].valueFrom": (
+        {"stacks": [{"name": "dev", "config": [{"key": "t", "valueFrom": {"env": "T"}}]}]},
+        "config[t].valueFrom is not supported",
+    ),
+}
+
+
+def auto_field_of(path: str) -> str:
+    """The classified field of a path below ``spec``: the field of the deepest opened object
+    it is in."""
+    for opened in sorted(AUTO_OPENED, key=len, reverse=True):
+        if path.startswith(opened + ".") or path.startswith(opened + "["):
+            first = re.split(r"\.|\[", path[len(opened) + 1 :])[0]
+            return f"{opened}.{first}"
+    return ".".join(re.split(r"\.|\[", path)[:2])
+
+
+def auto_fields() -> set[str]:
+    fields = set()
+    for crd in (WORKSPACE_CRD, UPDATE_CRD):
+        root = yaml.safe_load(crd.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for path, _ in walk(root):
+            if path.startswith("spec.") and path not in AUTO_OPENED:
+                fields.add(auto_field_of(path))
+    return fields - {"spec.stacks", "spec.stacks[].config"}
+
+
+def test_every_workspace_and_update_field_is_honoured_or_reported_exactly_once() -> None:
+    fields = auto_fields()
+    assert set(AUTO_HONOURED) & set(AUTO_REPORTED) == set(), "classified twice"
+    unclassified = sorted(fields - set(AUTO_HONOURED) - set(AUTO_REPORTED))
+    assert unclassified == [], f"new Workspace/Update fields: honour or report them: {unclassified}"
+    assert sorted({*AUTO_HONOURED, *AUTO_REPORTED} - fields) == [], "not a CRD field"
+
+
+def test_each_honoured_workspace_and_update_field_is_read_by_auto_runs() -> None:
+    source = (REPO_ROOT / AUTO_RUNS).read_text()
+    stale = [f"{f}: {p!r}" for f, p in AUTO_HONOURED.items() if not re.search(p, source)]
+    assert stale == []
+
+
+def test_each_reported_workspace_field_is_named_in_the_workspace_status() -> None:
+    from datetime import UTC, datetime
+
+    from pkobatch.controller.auto_runs import workspace_status
+
+    git = {"git": {"url": "https://example.com/r.git", "ref": "main"}}
+    for field, (fragment, words) in AUTO_REPORTED.items():
+        workspace = {"metadata": {"name": "w", "generation": 1}, "spec": {**git, **fragment}}
+        status = workspace_status(workspace, datetime.now(UTC))
+        assert status is not None
+        messages = " ".join(c["message"] for c in status["conditions"] if c["status"] == "True")
+        assert words in messages, field
