@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from pkobatch.api.constants import FIELD_MANAGER_CONTROLLER
+from pkobatch.api.messages import bound_message
 from pkobatch.api.objects import JSON, job_finished
 from pkobatch.config import Settings
 from pkobatch.controller.act import Actor, JobRejected
@@ -38,6 +39,8 @@ from pkobatch.kube.client import (
     UPDATES,
     WORKSPACES,
     AlreadyExists,
+    Forbidden,
+    Invalid,
     Kube,
     NotFound,
     Resource,
@@ -114,8 +117,14 @@ class AutoObjects:
                 log.warning("the Job of update %s was rejected: %s", key, error)
                 decision.events.append(("Warning", "UpdateFailed", str(error)))
         if decision.outputs_secret is not None:
-            with contextlib.suppress(AlreadyExists):
+            try:
                 self._kube.create(SECRETS, decision.outputs_secret, key.namespace)
+            except AlreadyExists:
+                pass
+            except (Forbidden, Invalid) as error:
+                # A retry cannot help (RBAC, the admission policy): the run's outcome is
+                # recorded all the same, without the Secret, saying why.
+                self._outputs_refused(decision, str(error))
         if decision.status is not None:
             self._patch_status(UPDATES, key, decision.status)
         if decision.delete_update:
@@ -123,6 +132,14 @@ class AutoObjects:
                 self._kube.delete(UPDATES, key.name, key.namespace)
         for event_type, reason, message in decision.events:
             self._events.post(update_owner(update), event_type, reason, message)
+
+    @staticmethod
+    def _outputs_refused(decision: UpdateDecision, error: str) -> None:
+        note = f"its outputs Secret could not be created: {error}"
+        if decision.status is not None:
+            decision.status.pop("outputs", None)
+            decision.status["message"] = bound_message(f"{decision.status['message']}; {note}")
+        decision.events.append(("Warning", "OutputsSecretFailed", note))
 
     def _cached_or_live(
         self, store: Store, resource: Resource, namespace: str, name: str
