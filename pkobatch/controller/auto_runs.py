@@ -282,6 +282,9 @@ def workspace_problems(workspace_spec: Mapping[str, Any]) -> list[str]:
 
 
 def _spec_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """Why the run's Stack spec is invalid, each naming its field (in the Stack's terms:
+    ``updateTemplate.spec.X`` is the Update's ``spec.X``, ``workspaceTemplate.spec.X`` the
+    Workspace's)."""
     try:
         spec = StackSpec.model_validate(manifest)
     except ValidationError as error:
@@ -635,12 +638,10 @@ def _start(
             return UpdateDecision(requeue_after=WORKSPACE_POLL)
         return UpdateDecision(status=status, requeue_after=WORKSPACE_POLL)
     manifest, problems = stack_spec_manifest(workspace.get("spec") or {}, spec)
+    problems = problems or _spec_problems(manifest)
     if problems:
-        return _refused(obs, "; ".join(problems))
-    try:
-        stack_spec = StackSpec.model_validate(manifest)
-    except ValidationError as error:
-        return _refused(obs, f"the Update cannot run: {error.errors(include_url=False)}")
+        return _refused(obs, "the Update cannot run: " + "; ".join(problems))
+    stack_spec = StackSpec.model_validate(manifest)
     try:
         objects = build_run(
             update_owner(obs.update),

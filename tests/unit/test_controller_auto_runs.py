@@ -274,3 +274,28 @@ def test_an_update_whose_job_vanished_fails_and_is_not_run_again() -> None:
     assert gone.create is None
     assert condition(gone.status, "Failed") == ("True", "UpdateFailed")
     assert "disappeared before reporting a result" in gone.status["message"]
+
+
+def test_an_update_whose_options_are_invalid_is_refused_naming_the_field() -> None:
+    _, update = pko_objects()
+    update["spec"]["ttlAfterCompleted"] = "soon"
+    decision = decide(update, runnable_workspace())
+    assert decision.create is None
+    assert condition(decision.status, "Failed") == ("True", "SpecInvalid")
+    assert "updateTemplate.spec.ttlAfterCompleted" in decision.status["message"]
+
+
+def test_a_flux_workspace_runs_the_artifact_it_names() -> None:
+    workspace = {
+        "metadata": {"name": "w", "namespace": "team", "generation": 1},
+        "spec": {"flux": {"url": "http://source/a.tar.gz", "digest": "sha256:ab", "dir": "app"}},
+    }
+    workspace["status"] = workspace_status(workspace, NOW)
+    _, update = pko_objects()
+    decision = decide(update, workspace)
+    assert decision.create is not None
+    [run] = decision.create.job["spec"]["template"]["spec"]["containers"]
+    snapshot = json.loads(run["args"][run["args"].index("--snapshot") + 1])
+    assert snapshot["flux"]["url"] == "http://source/a.tar.gz"
+    assert snapshot["flux"]["digest"] == "sha256:ab"
+    assert snapshot["spec"]["fluxSource"]["dir"] == "app"
