@@ -41,7 +41,10 @@ NOOP_FIELDS: Final[tuple[NoopField, ...]] = (
     NoopField("spec.workspaceTemplate.spec.flux", f"{_FROM_STACK} (fluxSource)"),
     NoopField("spec.workspaceTemplate.spec.stacks", f"{_FROM_STACK} (stack, config, ...)"),
     NoopField("spec.workspaceTemplate.spec.projectInfo", f"{_FROM_STACK} (status.projectInfo)"),
-    NoopField("spec.updateTemplate.spec.workspaceName", "there is no Workspace object"),
+    NoopField(
+        "spec.updateTemplate.spec.workspaceName",
+        "a Stack runs against no Workspace object: the Stack itself says what to run",
+    ),
     NoopField("spec.updateTemplate.spec.stackName", "it is always spec.stack"),
     NoopField("spec.updateTemplate.spec.type", "the controller decides the operation of a run"),
 )
