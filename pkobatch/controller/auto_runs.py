@@ -631,10 +631,15 @@ def _start(
         conditions = _set(
             conditions, CONDITION_PROGRESSING, "False", WAITING_REASON, message, obs.now
         )
-        status = {**(obs.update.get("status") or {}), "conditions": _dump(conditions)}
-        if _timeless(status["conditions"]) == _timeless(
-            (obs.update.get("status") or {}).get("conditions")
-        ):
+        status = {
+            **(obs.update.get("status") or {}),
+            "observedGeneration": (obs.update.get("metadata") or {}).get("generation"),
+            "conditions": _dump(conditions),
+        }
+        if {**status, "conditions": _timeless(status["conditions"])} == {
+            **(obs.update.get("status") or {}),
+            "conditions": _timeless((obs.update.get("status") or {}).get("conditions")),
+        }:
             return UpdateDecision(requeue_after=WORKSPACE_POLL)
         return UpdateDecision(status=status, requeue_after=WORKSPACE_POLL)
     manifest, problems = stack_spec_manifest(workspace.get("spec") or {}, spec)

@@ -151,7 +151,13 @@ def test_an_update_waits_for_its_workspace_to_be_ready() -> None:
     missing = decide(update, None)
     assert missing.create is None
     assert condition(missing.status, "Progressing") == ("False", "WaitingForWorkspace")
+    assert missing.status["observedGeneration"] == 1
     assert missing.requeue_after is not None
+    update["status"] = missing.status
+    # Still waiting: nothing to write, a recheck later.
+    again = decide(update, None, now=NOW + timedelta(minutes=1))
+    assert (again.status, again.create) == (None, None)
+    assert again.requeue_after is not None
     workspace, _ = pko_objects()  # its refused config: not Ready
     workspace["status"] = workspace_status(workspace, NOW)
     assert decide(update, workspace).create is None
