@@ -12,6 +12,7 @@ runs (``controller.auto_objects``)) and which Stack each watched object wakes
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Final
 
@@ -44,6 +45,8 @@ from pkobatch.runtime.manager import (
 from pkobatch.runtime.metrics import Metrics
 from pkobatch.runtime.on_demand_watches import OnDemandWatches
 from pkobatch.runtime.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
 
 # PKO's controller name, so PKO's dashboards select pkobatch's series (the runtime's
 # ``controller`` label).
@@ -155,11 +158,19 @@ def build_manager(
             resync=not settings.shard,
         ),
     ]
-    if not settings.shard:
+    # Helm installs the CRDs of its crds/ directory only at install time: after an upgrade
+    # without them, the rest of the controller must still run.
+    if not settings.shard and kube.serves(WORKSPACES) and kube.serves(UPDATES):
         watches += [
             Watch(WORKSPACES, stores.workspaces, the_workspace_and_its_updates(stores.updates)),
             Watch(UPDATES, stores.updates, the_update),
         ]
+    elif not settings.shard:
+        log.warning(
+            "PKO's Workspace and Update CRDs (%s) are not installed: Workspaces and Updates are "
+            "not run. Apply crds/ (kubectl apply -k crds/) and restart the controller",
+            WORKSPACES.api_version,
+        )
     manager = Manager(
         kube,
         queue,

@@ -531,6 +531,15 @@ class Kube:
 
     # -- typed helpers over resources ---------------------------------------------------
 
+    def serves(self, res: Resource) -> bool:
+        """Does the API server serve ``res`` (for a custom kind: is its CRD installed)?"""
+        base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        try:
+            listing = self.request("GET", base)
+        except NotFound:
+            return False
+        return any(entry.get("name") == res.plural for entry in listing.get("resources") or ())
+
     def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
         return self.request("GET", res.path(namespace, name))
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pkobatch.api.crd import generate_update_crd, generate_workspace_crd
-from pkobatch.kube.client import CRDS, UPDATES, WORKSPACES, Invalid, Kube
+from pkobatch.kube.client import CRDS, UPDATES, WORKSPACES, Invalid, Kube, Resource
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "fixtures" / "pko" / "workspace-and-update.yaml"
 JSON = dict[str, Any]
@@ -128,3 +128,13 @@ def test_status_is_a_subresource_and_the_printer_columns_read_it(
         "True",
         status["permalink"],
     ]
+
+
+def test_the_controller_asks_the_server_whether_it_serves_a_kind(kube: Kube) -> None:
+    """What ``build_manager`` asks before watching Workspaces and Updates, whose CRDs an
+    upgrade may lack: a kind of a served group, of a group not served, of the core group."""
+    assert kube.serves(WORKSPACES) and kube.serves(UPDATES)
+    assert kube.serves(Resource("batch", "v1", "jobs", "Job"))
+    assert kube.serves(Resource("", "v1", "configmaps", "ConfigMap"))
+    assert not kube.serves(Resource("auto.pulumi.com", "v1alpha1", "widgets", "Widget"))
+    assert not kube.serves(Resource("absent.example.com", "v1", "widgets", "Widget"))
