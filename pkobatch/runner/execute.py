@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pkobatch.api.constants import FailedStep, ResultReason
 from pkobatch.api.messages import bound_message
@@ -70,6 +70,7 @@ from pkobatch.runner.pulumi_start import PulumiStart
 from pkobatch.runner.redact import PASSPHRASE_FILE_ENV, PULUMI_SECRET_ENV, secret_output_keys
 from pkobatch.runner.result import bound_result, count_drift, find_permalink, normalize_changes
 from pkobatch.runner.rights import AccessReview, check_rights, needed_rights
+from pkobatch.runner.run_cache import CacheFull, RunCache, cache_settings, is_disk_full
 from pkobatch.runner.run_log import RunLog, scrubbed_output
 from pkobatch.runner.runtimes import (
     INSTALL_ARGS,
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
 # Backends that are not Pulumi Cloud, and so cannot resolve ESC environments.
 DIY_BACKEND_SCHEMES: Final = ("file://", "s3://", "gs://", "azblob://", "postgres://")
 UNLOCK_TIMEOUT_SECONDS: Final = 30.0
+_Installed = TypeVar("_Installed")
 
 
 @dataclass
@@ -317,12 +319,66 @@ def _execute(run: _Run) -> OperationOutput:
     hidden = runner_only_env_names(snapshot)
     run.process_env = {name: value for name, value in env.items() if name not in hidden}
 
-    cache_dir = cache_dir_from(env)
-    home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache_dir)
+    settings, problems = cache_settings(env)
+    for problem in problems:
+        log.step(f"warning: {problem}")
+        run.notes.append(f"warning: {problem}")
+    cache = RunCache(
+        cache_dir_from(env),
+        settings,
+        env.get("TMPDIR"),
+        log.step,
+        manages_plugins=bool(env.get(CACHE_DIR_ENV)) and not env.get("PULUMI_HOME"),
+    )
     # The dynamic environment wins over the pod's, as PKO's agent sets it for Pulumi.
-    pulumi_env = {**_pulumi_env(spec), **dynamic_env, **cache_environment(cache_dir, env)}
+    pulumi_env = {**_pulumi_env(spec), **dynamic_env}
+    _use_cache(cache, env, pulumi_env)
+    try:
+        return _execute_with_cache(run, spec, credentials, config, cache, pulumi_env)
+    finally:
+        run.notes.extend(cache.warnings)
+        cache.close()
+
+
+def _use_cache(cache: RunCache, env: Mapping[str, str], pulumi_env: dict[str, str]) -> None:
+    """Point the package caches and the Pulumi home in ``pulumi_env`` at the cache's
+    current directory."""
+    pulumi_env.update(cache_environment(cache.directory, env))
+    home = pulumi_home(env, bool(env.get(CACHE_DIR_ENV)), cache.directory)
     if home:
         pulumi_env["PULUMI_HOME"] = home
+
+
+def _uncached_on_full(
+    run: _Run,
+    cache: RunCache,
+    env: Mapping[str, str],
+    pulumi_env: dict[str, str],
+    install: Callable[[], _Installed],
+) -> _Installed:
+    """``install``, repeated without the cache when the cache's disk is full."""
+    try:
+        return install()
+    except CacheFull as full:
+        if not cache.cached:
+            raise RunFailure(
+                "ProgramError", f"an install ran out of disk space (give the pod more): {full}"
+            ) from None
+        cache.go_uncached(f"an install ran out of space in it ({full})")
+        _use_cache(cache, env, pulumi_env)
+        run.log.step("installing again without the cache")
+        return install()
+
+
+def _execute_with_cache(
+    run: _Run,
+    spec: StackSpec,
+    credentials: git.GitCredentials | None,
+    config: Mapping[str, ConfigItem],
+    cache: RunCache,
+    pulumi_env: dict[str, str],
+) -> OperationOutput:
+    snapshot, env, log = run.snapshot, run.env, run.log
     with _private_dir(env) as private, PulumiStart({**run.process_env, **pulumi_env}) as pulumi:
         run.private = private
         project, state_only = _source(run, spec, credentials, private)
@@ -335,7 +391,7 @@ def _execute(run: _Run) -> OperationOutput:
         program: Callable[[], None] | None = _no_program if state_only else None
         # An unlock runs no program: `pulumi cancel` needs only the project and the stack.
         if not state_only and snapshot.operation != "unlock":
-            host = _program_host(run, project, command, home)
+            host = _program_host(run, project, command, pulumi_env.get("PULUMI_HOME"))
             run.language_host = host.label
             if host.inline:
                 run.log.step(
@@ -344,17 +400,33 @@ def _execute(run: _Run) -> OperationOutput:
                 )
                 # Dynamic providers and other Python plugins run with that interpreter too.
                 pulumi_env["PULUMI_PYTHON_CMD"] = env.get("PULUMI_PYTHON_CMD") or sys.executable
-                program = prepare_python_program(
-                    project,
-                    cache_dir,
-                    log.step,
-                    lambda argv: run.cancellation.run(
-                        argv, {**run.process_env, **pulumi_env}, timeout=INSTALL_TIMEOUT_SECONDS
+                python_program = _uncached_on_full(
+                    run,
+                    cache,
+                    env,
+                    pulumi_env,
+                    lambda: prepare_python_program(
+                        project,
+                        cache.directory,
+                        log.step,
+                        lambda argv: run.cancellation.run(
+                            argv,
+                            {**run.process_env, **pulumi_env},
+                            timeout=INSTALL_TIMEOUT_SECONDS,
+                        ),
+                        cache.held,
                     ),
-                ).function()
+                )
+                program = python_program.function()
             else:
                 run.log.step(f"runtime {host.runtime}: running the program with {host.host}")
-                _install_dependencies(run, project, command, pulumi_env)
+                _uncached_on_full(
+                    run,
+                    cache,
+                    env,
+                    pulumi_env,
+                    lambda: _install_dependencies(run, project, command, pulumi_env),
+                )
         with stopping_at("stackInitialization"):
             workspace = RunnerWorkspace(
                 work_dir=str(project.directory),
@@ -362,7 +434,7 @@ def _execute(run: _Run) -> OperationOutput:
                 env_vars=pulumi_env,
                 secrets_provider=spec.secrets_provider,
                 pulumi_command=command,
-                pulumi_home=home,
+                pulumi_home=pulumi_env.get("PULUMI_HOME"),
             )
             stack = _select_stack(run, spec, workspace)
         if stack is None:
@@ -569,9 +641,10 @@ def _install_dependencies(
     for line in (done.stdout + done.stderr).splitlines():
         run.log.pulumi(line)
     if done.returncode != 0:
-        raise RunFailure(
-            "ProgramError", f"pulumi install failed: {(done.stderr or done.stdout).strip()}"
-        )
+        said = (done.stderr or done.stdout).strip()
+        if is_disk_full(said):
+            raise CacheFull(said)
+        raise RunFailure("ProgramError", f"pulumi install failed: {said}")
 
 
 def _select_stack(run: _Run, spec: StackSpec, workspace: RunnerWorkspace) -> Stack | None:

@@ -10,17 +10,19 @@ its Pulumi.yaml ``main``) is executed with ``runpy`` exactly as Pulumi's own
 
 **Inline dependencies.** A program with a ``requirements.txt`` gets a virtualenv built once
 per requirements hash under ``$PKOBATCH_CACHE_DIR/venvs/<sha256>`` (put the cache on a PVC
-to share it between Jobs): it is built in a temporary directory and renamed into place, so
-concurrent runs never see a half-built one. The runner's process appends the virtualenv's
-site-packages to ``sys.path`` (the runner's own ``pulumi`` keeps precedence — the language
-server and the program must share one SDK), and Pulumi.yaml's ``virtualenv`` option points
-at it so dynamic providers (``pulumi-resource-pulumi-python``) run with it. A program
-without ``requirements.txt`` uses the runner's interpreter (``PULUMI_PYTHON_CMD``), which
-has ``pulumi`` and ``dill``.
+to share it between Jobs): it is built in a temporary directory, its manifest recorded, and
+renamed into place, so concurrent runs never see a half-built one, and one whose files no
+longer match its manifest is built again (``pkobatch.runner.run_cache``). The runner's
+process appends the virtualenv's site-packages to ``sys.path`` (the runner's own ``pulumi``
+keeps precedence — the language server and the program must share one SDK), and
+Pulumi.yaml's ``virtualenv`` option points at it so dynamic providers
+(``pulumi-resource-pulumi-python``) run with it. A program without ``requirements.txt`` uses
+the runner's interpreter (``PULUMI_PYTHON_CMD``), which has ``pulumi`` and ``dill``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +43,18 @@ import yaml
 
 from pkobatch.api.run import ProjectInfo
 from pkobatch.runner.failures import RunFailure
+from pkobatch.runner.run_cache import (
+    LAST_USED_SUFFIX,
+    LOCK_SUFFIX,
+    LOCK_WAIT_SECONDS,
+    CacheFull,
+    entry_lock,
+    is_disk_full,
+    manifest_problem,
+    record_manifest,
+    remove_tree,
+    touch,
+)
 from pkobatch.runner.runtimes import INSTALL_TIMEOUT_SECONDS
 
 PROJECT_FILES: Final = ("Pulumi.yaml", "Pulumi.yml", "Pulumi.json")
@@ -136,17 +150,45 @@ Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 """Runs one command with a timeout of ``INSTALL_TIMEOUT_SECONDS`` (e.g. ``Cancellation.run``)."""
 
 
-def ensure_virtualenv(cache_dir: Path, requirements: Path, log: Log, run: Run) -> Path:
-    """The cached virtualenv for ``requirements``, built first if missing."""
+def ensure_virtualenv(
+    cache_dir: Path, requirements: Path, log: Log, run: Run, held: contextlib.ExitStack
+) -> Path:
+    """The cached virtualenv for ``requirements``, built first if missing or damaged (see
+    ``pkobatch.runner.run_cache``); the run keeps a shared lock on it in ``held``. Raises
+    ``CacheFull`` when the cache ran out of space."""
     key = requirements_key(requirements.read_bytes())
     venvs = cache_dir / "venvs"
     target = venvs / key
-    if (target / "pyvenv.cfg").is_file():
-        log(f"dependencies: using cached virtualenv {target}")
-        return target
-    venvs.mkdir(parents=True, exist_ok=True)
+    lock = venvs / f"{key}{LOCK_SUFFIX}"
+    try:
+        venvs.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            problem = manifest_problem(target)
+            if problem is None and held.enter_context(
+                entry_lock(lock, shared=True, wait_seconds=LOCK_WAIT_SECONDS)
+            ):
+                touch(venvs / f"{key}{LAST_USED_SUFFIX}")
+                log(f"dependencies: using cached virtualenv {target}")
+                return target
+            why = problem or "other runs hold it locked"
+            log(f"cache: virtualenv {key[:12]} is not used ({why}); building it again")
+        return _build_virtualenv(venvs, key, requirements, log, run, held)
+    except OSError as error:
+        if is_disk_full(error):
+            raise CacheFull(str(error)) from None
+        raise
+
+
+def _build_virtualenv(
+    venvs: Path, key: str, requirements: Path, log: Log, run: Run, held: contextlib.ExitStack
+) -> Path:
+    """Build the virtualenv in a temporary directory, record its manifest and rename it into
+    place under the entry's exclusive lock (replacing a damaged one)."""
+    target = venvs / key
+    lock = venvs / f"{key}{LOCK_SUFFIX}"
     building = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=venvs))
     log(f"dependencies: installing {requirements.name} into a new virtualenv ({key[:12]})")
+    keep_building = False
     try:
         for command in (
             [sys.executable, "-m", "venv", str(building)],
@@ -163,24 +205,31 @@ def ensure_virtualenv(cache_dir: Path, requirements: Path, log: Log, run: Run) -
         ):
             done = run(command)
             if done.returncode != 0:
-                raise RunFailure(
-                    "ProgramError",
-                    f"installing {requirements.name} failed: "
-                    f"{(done.stderr or done.stdout).strip()}",
-                )
-        try:
-            os.rename(building, target)
-        except OSError:
-            # Another run finished the same virtualenv first: use theirs.
-            if not (target / "pyvenv.cfg").is_file():
-                raise
+                said = (done.stderr or done.stdout).strip()
+                if is_disk_full(said):
+                    raise CacheFull(said)
+                raise RunFailure("ProgramError", f"installing {requirements.name} failed: {said}")
+        record_manifest(building)
+        with entry_lock(lock, wait_seconds=LOCK_WAIT_SECONDS) as exclusive:
+            if not exclusive:
+                # Runs still hold the damaged one: this run uses its own, removed after it.
+                log(f"cache: virtualenv {key[:12]} is in use; this run uses a private copy")
+                keep_building = True
+                held.callback(shutil.rmtree, building, ignore_errors=True)
+                return building
+            if manifest_problem(target) is not None:  # else another run finished it first
+                remove_tree(target)
+                os.rename(building, target)
+        held.enter_context(entry_lock(lock, shared=True, wait_seconds=LOCK_WAIT_SECONDS))
+        touch(venvs / f"{key}{LAST_USED_SUFFIX}")
     except subprocess.TimeoutExpired:
         raise RunFailure(
             "ProgramError",
             f"installing {requirements.name} took over {INSTALL_TIMEOUT_SECONDS:.0f}s",
         ) from None
     finally:
-        shutil.rmtree(building, ignore_errors=True)
+        if not keep_building:
+            shutil.rmtree(building, ignore_errors=True)
     return target
 
 
@@ -238,14 +287,20 @@ def user_traceback(error: BaseException, directory: str) -> str:
     return "".join(lines).replace(prefix, "").rstrip()
 
 
-def prepare_python_program(project: Project, cache_dir: Path, log: Log, run: Run) -> PythonProgram:
+def prepare_python_program(
+    project: Project, cache_dir: Path, log: Log, run: Run, held: contextlib.ExitStack
+) -> PythonProgram:
     """Install an inline Python program's dependencies (cached) and point its runtime at
     them."""
     main = project.main_path()
     if not main.exists():
         raise RunFailure("ProgramError", f"{project.path.name}: main {main.name!r} does not exist")
     requirements = project.directory / "requirements.txt"
-    venv = ensure_virtualenv(cache_dir, requirements, log, run) if requirements.is_file() else None
+    venv = (
+        ensure_virtualenv(cache_dir, requirements, log, run, held)
+        if requirements.is_file()
+        else None
+    )
     project.settings = with_python_environment(project.settings, str(venv) if venv else None)
     project.save()
     return PythonProgram(main=main, directory=project.directory, virtualenv=venv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from pkobatch.api.run import ProjectInfo
 from pkobatch.runner.failures import RunFailure
+from pkobatch.runner.run_cache import MANIFEST_NAME, CacheFull, manifest_problem
 from pkobatch.runner.workspace import (
     PythonProgram,
     cache_dir_from,
@@ -74,22 +76,69 @@ def test_the_virtualenv_is_built_once_per_requirements(tmp_path: Path) -> None:
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# nothing to install\n")
     lines: list[str] = []
-    first = ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run)
-    assert (first / "pyvenv.cfg").is_file()
-    assert site_packages(first).is_dir()
-    second = ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run)
+    with contextlib.ExitStack() as held:
+        first = ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run, held)
+        assert (first / "pyvenv.cfg").is_file()
+        assert site_packages(first).is_dir()
+        assert manifest_problem(first) is None
+        second = ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run, held)
     assert second == first
     assert "using cached virtualenv" in lines[-1]
-    assert [p.name for p in (tmp_path / "cache" / "venvs").iterdir()] == [first.name]
+    venvs = tmp_path / "cache" / "venvs"
+    assert [p.name for p in venvs.iterdir() if p.is_dir()] == [first.name]
+    assert (venvs / f"{first.name}.lastused").is_file()
+
+
+def test_a_damaged_virtualenv_is_built_again(tmp_path: Path) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# nothing to install\n")
+    with contextlib.ExitStack() as held:
+        venv = ensure_virtualenv(tmp_path / "cache", requirements, print, run, held)
+    (venv / "pyvenv.cfg").write_text("home = /nowhere\n")  # a different size: damaged
+    lines: list[str] = []
+    with contextlib.ExitStack() as held:
+        again = ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run, held)
+    assert again == venv
+    assert any("pyvenv.cfg changed since it was installed" in line for line in lines)
+    assert "/nowhere" not in (venv / "pyvenv.cfg").read_text()
+    assert manifest_problem(venv) is None
+
+
+def test_a_virtualenv_without_manifest_is_not_used(tmp_path: Path) -> None:
+    """What a run killed between building and recording would leave, were it in place."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# nothing to install\n")
+    with contextlib.ExitStack() as held:
+        venv = ensure_virtualenv(tmp_path / "cache", requirements, print, run, held)
+    (venv / MANIFEST_NAME).unlink()
+    lines: list[str] = []
+    with contextlib.ExitStack() as held:
+        ensure_virtualenv(tmp_path / "cache", requirements, lines.append, run, held)
+    assert any("it has no manifest" in line for line in lines)
+    assert manifest_problem(venv) is None
+
+
+def test_a_full_disk_during_the_install_is_cache_full(tmp_path: Path) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# nothing to install\n")
+
+    def full(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(
+            argv, 1, "", "ERROR: [Errno 28] No space left on device: 'x'"
+        )
+
+    with contextlib.ExitStack() as held, pytest.raises(CacheFull):
+        ensure_virtualenv(tmp_path / "cache", requirements, print, full, held)
+    assert [p for p in (tmp_path / "cache" / "venvs").iterdir() if p.is_dir()] == []
 
 
 def test_a_failed_install_is_a_program_error_and_leaves_no_cache(tmp_path: Path) -> None:
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("--this-is-not-an-option\n")
-    with pytest.raises(RunFailure) as raised:
-        ensure_virtualenv(tmp_path / "cache", requirements, lambda _: None, run)
+    with contextlib.ExitStack() as held, pytest.raises(RunFailure) as raised:
+        ensure_virtualenv(tmp_path / "cache", requirements, lambda _: None, run, held)
     assert raised.value.reason == "ProgramError"
-    assert list((tmp_path / "cache" / "venvs").iterdir()) == []
+    assert [p for p in (tmp_path / "cache" / "venvs").iterdir() if p.is_dir()] == []
 
 
 def test_prepare_rewrites_the_project_for_the_runners_interpreter(tmp_path: Path) -> None:
@@ -97,7 +146,8 @@ def test_prepare_rewrites_the_project_for_the_runners_interpreter(tmp_path: Path
         "name: p\nruntime:\n  name: python\n  options:\n    virtualenv: venv\n"
     )
     (tmp_path / "__main__.py").write_text("")
-    program = prepare_python_program(load_project(tmp_path), tmp_path / "c", print, run)
+    with contextlib.ExitStack() as held:
+        program = prepare_python_program(load_project(tmp_path), tmp_path / "c", print, run, held)
     assert program.virtualenv is None
     assert yaml.safe_load((tmp_path / "Pulumi.yaml").read_text())["runtime"] == {"name": "python"}
 
