@@ -169,12 +169,15 @@ def _digest(files: Mapping[str, Sequence[int]]) -> str:
 
 
 def record_manifest(directory: Path) -> None:
-    """Write ``directory``'s manifest (atomically: a reader sees none or all of it)."""
+    """Write ``directory``'s manifest (atomically: a reader sees none or all of it). The
+    directory keeps its mtime, which tells when the entry was installed (``_last_used``)."""
+    before = directory.stat()
     files = _listing(directory)
     body = json.dumps({"version": 1, "sha256": _digest(files), "files": files})
     staged = directory / f"{MANIFEST_NAME}.{os.getpid()}"
     staged.write_text(body)
     os.replace(staged, directory / MANIFEST_NAME)
+    os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def manifest_problem(directory: Path) -> str | None:

@@ -107,6 +107,14 @@ def test_a_manifest_catches_changed_and_missing_files_but_allows_new_ones(tmp_pa
     assert manifest_problem(entry) == "its manifest is damaged"
 
 
+def test_recording_a_manifest_keeps_the_entrys_install_time(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    age(tmp_path, 30)
+    before = tmp_path.stat().st_mtime_ns
+    record_manifest(tmp_path)
+    assert tmp_path.stat().st_mtime_ns == before
+
+
 def plugin(plugins: Path, name: str, content: bytes = b"provider") -> Path:
     directory = plugins / name
     directory.mkdir(parents=True)
