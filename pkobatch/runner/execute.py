@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from pkobatch.api.constants import FailedStep, ResultReason
 from pkobatch.api.messages import bound_message
@@ -109,7 +109,6 @@ if TYPE_CHECKING:
 # Backends that are not Pulumi Cloud, and so cannot resolve ESC environments.
 DIY_BACKEND_SCHEMES: Final = ("file://", "s3://", "gs://", "azblob://", "postgres://")
 UNLOCK_TIMEOUT_SECONDS: Final = 30.0
-_Installed = TypeVar("_Installed")
 
 
 @dataclass
@@ -349,27 +348,6 @@ def _use_cache(cache: RunCache, env: Mapping[str, str], pulumi_env: dict[str, st
         pulumi_env["PULUMI_HOME"] = home
 
 
-def _uncached_on_full(
-    run: _Run,
-    cache: RunCache,
-    env: Mapping[str, str],
-    pulumi_env: dict[str, str],
-    install: Callable[[], _Installed],
-) -> _Installed:
-    """``install``, repeated without the cache when the cache's disk is full."""
-    try:
-        return install()
-    except CacheFull as full:
-        if not cache.cached:
-            raise RunFailure(
-                "ProgramError", f"an install ran out of disk space (give the pod more): {full}"
-            ) from None
-        cache.go_uncached(f"an install ran out of space in it ({full})")
-        _use_cache(cache, env, pulumi_env)
-        run.log.step("installing again without the cache")
-        return install()
-
-
 def _execute_with_cache(
     run: _Run,
     spec: StackSpec,
@@ -400,11 +378,7 @@ def _execute_with_cache(
                 )
                 # Dynamic providers and other Python plugins run with that interpreter too.
                 pulumi_env["PULUMI_PYTHON_CMD"] = env.get("PULUMI_PYTHON_CMD") or sys.executable
-                python_program = _uncached_on_full(
-                    run,
-                    cache,
-                    env,
-                    pulumi_env,
+                python_program = cache.install(
                     lambda: prepare_python_program(
                         project,
                         cache.directory,
@@ -416,16 +390,14 @@ def _execute_with_cache(
                         ),
                         cache.held,
                     ),
+                    lambda: _use_cache(cache, env, pulumi_env),
                 )
                 program = python_program.function()
             else:
                 run.log.step(f"runtime {host.runtime}: running the program with {host.host}")
-                _uncached_on_full(
-                    run,
-                    cache,
-                    env,
-                    pulumi_env,
+                cache.install(
                     lambda: _install_dependencies(run, project, command, pulumi_env),
+                    lambda: _use_cache(cache, env, pulumi_env),
                 )
         with stopping_at("stackInitialization"):
             workspace = RunnerWorkspace(

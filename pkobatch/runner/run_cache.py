@@ -50,8 +50,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
+from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.runtimes import PULUMI_HOME_DIRECTORY
 
 MIN_FREE_ENV: Final = "PKOBATCH_CACHE_MIN_FREE_BYTES"
@@ -73,6 +74,7 @@ MIN_IDLE_SECONDS: Final = 3600.0
 DAY_SECONDS: Final = 86400.0
 
 Log = Callable[[str], None]
+Installed = TypeVar("Installed")
 
 
 class CacheFull(Exception):
@@ -468,6 +470,21 @@ class RunCache:
         self.warnings.append(warning)
         self.directory = Path(tempfile.mkdtemp(prefix="pkobatch-cache-", dir=self._temp_parent))
         self._temporary.append(self.directory)
+
+    def install(self, install: Callable[[], Installed], repoint: Callable[[], None]) -> Installed:
+        """``install``; when it meets a full cache, once more without the cache (``repoint``
+        points the run's environment at the new directory first)."""
+        try:
+            return install()
+        except CacheFull as full:
+            if not self.cached:
+                raise RunFailure(
+                    "ProgramError", f"an install ran out of disk space (give the pod more): {full}"
+                ) from None
+            self.go_uncached(f"an install ran out of space in it ({full})")
+        repoint()
+        self._log("installing again without the cache")
+        return install()
 
     def close(self) -> None:
         """Release the run's locks; record new plugins' manifests and prune the cache (never

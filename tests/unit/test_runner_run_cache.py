@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.run_cache import (
     DAY_SECONDS,
     MANIFEST_NAME,
     MIN_IDLE_SECONDS,
     PRUNE_LOCK,
     PRUNE_STAMP,
+    CacheFull,
     CacheSettings,
     Entry,
     RunCache,
@@ -255,3 +257,39 @@ def test_a_damaged_plugin_is_removed_when_the_run_starts(
     RunCache(tmp_path, CacheSettings(min_free_bytes=0), None, print, manages_plugins).close()
     # A Pulumi home the pod's own PULUMI_HOME names is not the cache's to repair.
     assert damaged.exists() is not manages_plugins
+
+
+def test_an_install_that_fills_the_cache_is_repeated_uncached(tmp_path: Path) -> None:
+    lines: list[str] = []
+    settings = CacheSettings(min_free_bytes=0)
+    cache = RunCache(tmp_path / "cache", settings, str(tmp_path), lines.append, True)
+    directories: list[Path] = []
+    repointed: list[Path] = []
+
+    def install() -> str:
+        directories.append(cache.directory)
+        if len(directories) == 1:
+            raise CacheFull("[Errno 28] No space left on device")
+        return "installed"
+
+    assert cache.install(install, lambda: repointed.append(cache.directory)) == "installed"
+    assert directories[0] == tmp_path / "cache"
+    assert directories[1] != directories[0] and repointed == [directories[1]]
+    assert not cache.cached
+    assert "because an install ran out of space in it ([Errno 28]" in cache.warnings[0]
+    assert lines[-1] == "installing again without the cache"
+    cache.close()
+    assert not directories[1].exists()
+
+
+def test_an_install_that_fills_the_temporary_directory_fails_the_run(tmp_path: Path) -> None:
+    cache = RunCache(tmp_path / "cache", CacheSettings(min_free_bytes=1 << 62), None, print, True)
+
+    def install() -> None:
+        raise CacheFull("No space left on device")
+
+    with pytest.raises(RunFailure) as raised:
+        cache.install(install, lambda: None)
+    assert raised.value.reason == "ProgramError"
+    assert "give the pod more" in raised.value.message
+    cache.close()
