@@ -159,7 +159,7 @@ def _listing(directory: Path) -> dict[str, list[int]]:
         for name in names:
             path = Path(root, name)
             relative = str(path.relative_to(directory))
-            if relative == MANIFEST_NAME or name.startswith(".probe-"):
+            if relative == MANIFEST_NAME:
                 continue
             stat = path.lstat()
             files[relative] = [stat.st_size, stat.st_mtime_ns]

@@ -163,15 +163,19 @@ def ensure_virtualenv(
     try:
         venvs.mkdir(parents=True, exist_ok=True)
         if target.exists():
-            problem = manifest_problem(target)
-            if problem is None and held.enter_context(
+            # Checked under the shared lock, so a pruning run cannot remove it in between.
+            using = contextlib.ExitStack()
+            locked = using.enter_context(
                 entry_lock(lock, shared=True, wait_seconds=LOCK_WAIT_SECONDS)
-            ):
+            )
+            problem = manifest_problem(target) if locked else "other runs hold it locked"
+            if problem is None:
+                held.enter_context(using)
                 touch(venvs / f"{key}{LAST_USED_SUFFIX}")
                 log(f"dependencies: using cached virtualenv {target}")
                 return target
-            why = problem or "other runs hold it locked"
-            log(f"cache: virtualenv {key[:12]} is not used ({why}); building it again")
+            using.close()
+            log(f"cache: virtualenv {key[:12]} is not used ({problem}); building it again")
         return _build_virtualenv(venvs, key, requirements, log, run, held)
     except OSError as error:
         if is_disk_full(error):
