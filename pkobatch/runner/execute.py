@@ -424,7 +424,7 @@ def _execute_with_cache(
                 log.step(f"adding ESC environment(s) {', '.join(spec.environment)}")
                 stack.add_environments(*spec.environment)
         try:
-            outcome = _operate(run, spec, stack)
+            outcome = _operate_uncached_on_full(run, spec, stack, workspace, cache, pulumi_env)
             if snapshot.operation == "up":
                 _export(run, spec, workspace, stack.name, outcome)
             elif snapshot.operation == "destroy" and not snapshot.drift_check:
@@ -667,6 +667,32 @@ def _cancel_update(run: _Run, workspace: RunnerWorkspace, stack_name: str) -> Op
     done = workspace.cancel_update(stack_name, run.log.pulumi, run.log.pulumi_error)
     said = " ".join(f"{done.stdout}\n{done.stderr}".split())
     return OperationOutput(message=f"stack {stack_name} unlocked: {said or 'pulumi cancel'}")
+
+
+def _operate_uncached_on_full(
+    run: _Run,
+    spec: StackSpec,
+    stack: Stack,
+    workspace: RunnerWorkspace,
+    cache: RunCache,
+    pulumi_env: dict[str, str],
+) -> OperationOutput:
+    """The operation; once more without the cache when a plugin it installed into the
+    cache's Pulumi home ran out of space (Pulumi leaves that plugin partial, so a later run
+    installs it again)."""
+    from pulumi.automation import CommandError
+
+    try:
+        return _operate(run, spec, stack)
+    except CommandError as error:
+        stdout, stderr = command_output(error)
+        if not (cache.cached and cache.plugins is not None and is_disk_full(f"{stderr}{stdout}")):
+            raise
+        cache.go_uncached("a plugin install ran out of space in it")
+    _use_cache(cache, run.env, pulumi_env)  # the workspace's env_vars are this dict
+    workspace.pulumi_home = pulumi_env.get("PULUMI_HOME")
+    run.log.step(f"running {run.snapshot.operation} again without the cache")
+    return _operate(run, spec, stack)
 
 
 def _operate(run: _Run, spec: StackSpec, stack: Stack) -> OperationOutput:

@@ -25,7 +25,8 @@ install. What each kind of entry relies on:
 A cache directory that is missing and cannot be created, is not writable, or has less free
 space than ``PKOBATCH_CACHE_MIN_FREE_BYTES`` makes the run **uncached**: everything goes to a
 temporary directory removed after the run, and the run's log and result say why. An install
-that meets a full disk (``ENOSPC``) is repeated uncached in the same way.
+that meets a full disk (``ENOSPC``) is repeated uncached in the same way (``RunCache.install``;
+an operation whose plugin install filled the cache: ``execute._operate_uncached_on_full``).
 
 **Pruning** happens at the end of a run, at most once per ``PRUNE_INTERVAL_SECONDS`` per
 cache, under a non-blocking exclusive ``flock`` on ``.prune.lock`` (a run that finds another

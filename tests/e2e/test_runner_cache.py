@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixture_plugins.tools import in_ci
 
 from pkobatch.api.run import RunResult
 from pkobatch.dev.plugin_server import PROVIDER_BINARY, PluginServer, pack_plugin
@@ -184,6 +185,49 @@ def test_runs_share_one_plugin_install_and_repair_a_damaged_one(
     assert plugin_server.downloads == downloads + 1
     assert the_plugin(render_runs.cache) == plugin
     assert manifest_problem(plugin) is None
+
+
+@pytest.fixture
+def small_cache(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs as the cache directory (the provider is about 170 MB), unmounted
+    after the test. Needs root (CAP_SYS_ADMIN), as the real node's tests do."""
+    mount = tmp_path / "cache"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs for a full cache: {done.stderr.strip()}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True, timeout=60)
+
+
+def test_a_plugin_install_that_fills_the_cache_is_repeated_without_it(
+    render_runs: CacheRuns, plugin_server: PluginServer, small_cache: Path
+) -> None:
+    assert render_runs.cache == small_cache
+    result, log = render_runs.run("a")
+
+    # The first attempt created the stack's root resource before the provider failed to
+    # install; the result counts the changes of the attempt that succeeded.
+    assert result.changes == {"create": 2, "same": 1}
+    assert "no space left on device" in log.lower()
+    assert "running up again without the cache" in log
+    warning = f"the cache directory {small_cache} is not used because a plugin install ran out"
+    assert warning in log and warning in result.message
+    # Into the full cache (Pulumi tries more than once), then into the temporary home.
+    assert plugin_server.downloads >= 2
+    # Pulumi left the cache's copy partial: a later run with space installs it again.
+    [partial] = (small_cache / "pulumi-home" / "plugins").glob("*.partial")
+    assert partial.name.startswith("resource-kubernetes-v")
 
 
 @pytest.fixture
