@@ -43,6 +43,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -111,7 +112,7 @@ def cache_settings(env: Mapping[str, str]) -> tuple[CacheSettings, list[str]]:
             value = float(raw)
         except ValueError:
             value = -1.0
-        if value < 0 or value != value:
+        if not math.isfinite(value) or value < 0:
             problems.append(
                 f"{name}={raw!r} is not a number >= 0; using {default:g} (fix the Job's env)"
             )

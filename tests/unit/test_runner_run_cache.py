@@ -47,9 +47,15 @@ def test_settings_come_from_the_environment_and_bad_values_keep_the_default() ->
     )
     assert settings == CacheSettings(min_free_bytes=1000, max_age_days=0.5, max_bytes=2_000_000_000)
     assert problems == []
-    settings, problems = cache_settings({"PKOBATCH_CACHE_MAX_AGE_DAYS": "two weeks"})
+    settings, problems = cache_settings(
+        {
+            "PKOBATCH_CACHE_MAX_AGE_DAYS": "two weeks",
+            "PKOBATCH_CACHE_MAX_BYTES": "inf",
+            "PKOBATCH_CACHE_MIN_FREE_BYTES": "-1",
+        }
+    )
     assert settings == CacheSettings()
-    assert len(problems) == 1 and "PKOBATCH_CACHE_MAX_AGE_DAYS='two weeks'" in problems[0]
+    assert len(problems) == 3 and "PKOBATCH_CACHE_MAX_AGE_DAYS='two weeks'" in problems[1]
 
 
 def test_disk_full_is_recognised_from_errors_and_tool_output() -> None:
