@@ -196,9 +196,10 @@ def manifest_problem(directory: Path) -> str | None:
         return "it has no manifest (its install did not finish)"
     except (OSError, ValueError, KeyError, TypeError):
         return "its manifest is damaged"
+    root = str(directory)
     for relative, recorded in files.items():
         try:
-            stat = (directory / relative).lstat()
+            stat = os.lstat(os.path.join(root, relative))  # thousands per virtualenv: no Path
         except OSError:
             return f"{relative} is missing"
         if [stat.st_size, stat.st_mtime_ns] != recorded:
