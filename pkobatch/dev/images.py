@@ -93,6 +93,27 @@ class ImageBuildFailed(Exception):
     """A build step failed; the message names the step, the log and its last lines."""
 
 
+BUNDLE_SCRIPT: Final = REPO_ROOT / "jobs" / "build-runner-bundle.sh"
+_BUNDLE_BUILD_TIMEOUT_SECONDS: Final = 1800
+
+
+def build_runner_bundle(python: str) -> Path:
+    """The runner bundle's directory for this checkout and ``python``'s packages, from
+    ``jobs/build-runner-bundle.sh``: cached by a hash of its inputs, else built with
+    PyInstaller (minutes). ``ImageBuildFailed`` holds the end of the script's output."""
+    built = subprocess.run(
+        ["bash", str(BUNDLE_SCRIPT)],
+        env={**os.environ, "PYTHON": python},
+        capture_output=True,
+        text=True,
+        timeout=_BUNDLE_BUILD_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if built.returncode != 0:
+        raise ImageBuildFailed(f"{BUNDLE_SCRIPT} failed:\n{built.stderr[-4000:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
 def missing_builder() -> list[str]:
     return [program for program in BUILDER_PACKAGES if shutil.which(program) is None]
 

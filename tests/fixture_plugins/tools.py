@@ -34,12 +34,12 @@ warm run only hashes, a cold one takes a few minutes).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pkobatch.dev.images import ImageBuildFailed, build_runner_bundle
 from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
 
 
@@ -118,19 +118,9 @@ def prometheus_operator_crds() -> Path:
     return require_tools(("prometheus_operator",)).bin_dir("prometheus_operator") / "crds"
 
 
-BUNDLE_SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "build-runner-bundle.sh"
-
-
 @pytest.fixture(scope="session")
 def runner_bundle() -> Path:
-    built = subprocess.run(
-        ["bash", str(BUNDLE_SCRIPT)],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if built.returncode != 0:
-        pytest.fail(f"{BUNDLE_SCRIPT} failed:\n{built.stderr[-4000:]}", pytrace=False)
-    return Path(built.stdout.strip().splitlines()[-1])
+    try:
+        return build_runner_bundle(sys.executable)
+    except ImageBuildFailed as error:
+        pytest.fail(str(error), pytrace=False)
