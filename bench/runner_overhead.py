@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkobatch.dev.tools import ToolsMissing, find_tools, versions
+from pkobatch.dev.tools import Tools, ToolsMissing, find_tools, versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO_ROOT / "tests" / "fixtures" / "programs"
@@ -151,6 +151,34 @@ def traced_calls(argv: list[str], env: dict[str, str], cwd: Path, shim_dir: Path
     traced_env = {**env, "PATH": f"{shim_dir}{os.pathsep}{env['PATH']}", TRACE_ENV: str(trace)}
     timed(argv, traced_env, cwd)
     return [subcommand(line) for line in trace.read_text().splitlines()]
+
+
+def pulumi_shim(root: Path, script: str, tools: Tools) -> Path:
+    """A new directory ``root``/shim holding ``script`` as ``pulumi`` (``{pulumi}`` in it: the
+    real CLI), to put first on PATH."""
+    shim_dir = root / "shim"
+    shim_dir.mkdir()
+    shim = shim_dir / "pulumi"
+    shim.write_text(script.format(pulumi=shlex.quote(tools.binary("pulumi", "pulumi"))))
+    shim.chmod(0o755)
+    return shim_dir
+
+
+def offline_env(root: Path, tools: Tools) -> dict[str, str]:
+    """This environment with the Pulumi CLI and plugins of ``tools`` first on PATH, and
+    everything of Pulumi's under ``root``: a file:// backend, nothing downloaded."""
+    (root / "state").mkdir()
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([*tools.pulumi_path(), os.environ.get("PATH", "")]),
+        "HOME": str(root / "home"),
+        "PULUMI_HOME": str(root / "pulumi-home"),
+        "PULUMI_BACKEND_URL": (root / "state").as_uri(),
+        "PULUMI_CONFIG_PASSPHRASE": "bench",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "TMPDIR": str(root),
+    }
 
 
 def baseline_checkout(source: Path, checkout: Path, env: dict[str, str]) -> Path:
@@ -261,24 +289,8 @@ def main() -> None:
     try:
         files = root / "files"
         files.mkdir()
-        (root / "state").mkdir()
-        shim_dir = root / "shim"
-        shim_dir.mkdir()
-        shim = shim_dir / "pulumi"
-        shim.write_text(TRACE_SHIM.format(pulumi=shlex.quote(tools.binary("pulumi", "pulumi"))))
-        shim.chmod(0o755)
-        env = {
-            **os.environ,
-            "PATH": os.pathsep.join([*tools.pulumi_path(), os.environ.get("PATH", "")]),
-            "HOME": str(root / "home"),
-            "PULUMI_HOME": str(root / "pulumi-home"),
-            "PULUMI_BACKEND_URL": (root / "state").as_uri(),
-            "PULUMI_CONFIG_PASSPHRASE": "bench",
-            "PULUMI_SKIP_UPDATE_CHECK": "true",
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-            "PULUMI_PYTHON_CMD": sys.executable,
-            "TMPDIR": str(root),
-        }
+        shim_dir = pulumi_shim(root, TRACE_SHIM, tools)
+        env = {**offline_env(root, tools), "PULUMI_PYTHON_CMD": sys.executable}
         programs = [
             # The files program has 3 resources (2 files and the stack), the YAML one only
             # the stack.
