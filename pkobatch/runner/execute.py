@@ -45,7 +45,6 @@ from pkobatch.api.run import PlannedStep, ProjectInfo, RunResult, RunSnapshot, p
 from pkobatch.api.stack.spec import StackSpec
 from pkobatch.api.stack.validation import load_stack_spec
 from pkobatch.runner import git, locks
-from pkobatch.runner.artifact import fetch as fetch_artifact
 from pkobatch.runner.cancel import Cancellation
 from pkobatch.runner.dynamic_env import read_dynamic_env
 from pkobatch.runner.exports import (
@@ -555,6 +554,10 @@ def _flux_source(run: _Run, spec: StackSpec, private: Path) -> Project:
             "SourceUnavailable",
             f"{ref.kind} {ref.name} had no artifact when this run was created",
         )
+    # Only Flux sources download over HTTP: urllib.request and http.client load here, not at
+    # every run's start.
+    from pkobatch.runner.artifact import fetch as fetch_artifact
+
     run.log.step(f"downloading the artifact of {ref.kind} {ref.name} at {artifact.revision}")
     unpacked = fetch_artifact(artifact, private, run.process_env, run.log.step)
     run.commit = artifact.revision
