@@ -21,7 +21,6 @@ from collections.abc import MutableMapping
 import click
 
 from pkobatch import __version__
-from pkobatch.cli.local_run import run_command
 from pkobatch.runner.command import job_group
 
 IMAGE_LIBRARY_PATH = "PKOBATCH_IMAGE_LD_LIBRARY_PATH"
@@ -43,14 +42,31 @@ def restore_image_library_path(environ: MutableMapping[str, str]) -> None:
 restore_image_library_path(os.environ)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
+class RunnerCommands(click.Group):
+    """``job`` and ``run``, the latter imported when it runs or is listed: every run's pod
+    starts ``job run``, which has no use for ``run``'s terminal output (rich)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "run"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "run":
+            from pkobatch.cli.local_run import run_command
+
+            return run_command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(
+    cls=RunnerCommands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
+)
 @click.version_option(__version__, prog_name="pkobatch-runner")
 def cli() -> None:
     """pkobatch's runner, frozen: runs one Stack operation with the Pulumi CLI on PATH."""
 
 
 cli.add_command(job_group)
-cli.add_command(run_command)
 
 if __name__ == "__main__":
     cli()
