@@ -147,8 +147,9 @@ def traced(argv: list[str], env: dict[str, str], cwd: Path, shim_dir: Path) -> T
     return Timeline(total, at("fetching"), at("checked out"), at("result:"), calls)
 
 
-def import_times(python: str, env: dict[str, str]) -> list[tuple[str, float]]:
-    """Self import times of ``job run``'s modules by top-level package, largest first."""
+def import_times(python: str, env: dict[str, str]) -> tuple[int, list[tuple[str, float]]]:
+    """How many modules ``job run`` imports (a count the machine's load does not change), and
+    their self import times by top-level package, largest first."""
     done = subprocess.run(
         [python, "-X", "importtime", "-c", "import pkobatch.runner.command"],
         env=env,
@@ -157,11 +158,13 @@ def import_times(python: str, env: dict[str, str]) -> list[tuple[str, float]]:
         check=True,
     )
     totals: collections.Counter[str] = collections.Counter()
+    count = 0
     for line in done.stderr.splitlines():
         found = re.match(r"import time:\s+(\d+) \|\s+\d+ \|\s*(\S+)", line)
         if found:
+            count += 1
             totals[found[2].split(".")[0]] += int(found[1]) / 1e6
-    return totals.most_common()
+    return count, totals.most_common()
 
 
 def find_bundle(given: str | None) -> Path:
@@ -258,7 +261,7 @@ def main() -> None:
             name: medians([measured(argv, env, work) for _ in range(reps)])
             for name, argv in commands.items()
         }
-        imports = import_times(python, env)
+        module_count, imports = import_times(python, env)
         timelines = {
             "image": traced(image, env, work, shim_dir),
             "bundle": traced(frozen, env, work, shim_dir),
@@ -301,7 +304,7 @@ def main() -> None:
         startup["sdk"].wall - startup["command"].wall, startup["sdk"].cpu - startup["command"].cpu
     )
     start("the Automation API's import (a thread, during the checkout)", sdk)
-    print("job run's imports by package (self times, python -X importtime, one run, s)")
+    print(f"job run's imports: {module_count} modules; self times by package (one run, s)")
     shown = [f"{name} {seconds:.3f}" for name, seconds in imports[:10]]
     rest = sum(seconds for _, seconds in imports[10:])
     print(f"  {', '.join(shown)}, others {rest:.3f}")
