@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     Field,
@@ -67,7 +68,14 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path")
+    return value
+
+
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 
 
@@ -106,7 +114,7 @@ class JobSettings(BaseModel):
     )
     # Runner command: overridden in development to run the local interpreter.
     command: CommaList = Field(default_factory=lambda: ["pkobatch", "job", "run"])
-    runner_bundle: str = Field(
+    runner_bundle: AbsolutePath = Field(
         default="/opt/pkobatch/runner",
         description="absolute path of the runner bundle directory (jobs/build-runner-bundle.sh) "
         "in the image it is copied from: a run whose image is not `image` executes a copy of "
@@ -118,12 +126,36 @@ class JobSettings(BaseModel):
         "target runner-bundle of jobs/Dockerfile is a small one)",
     )
 
-    @field_validator("runner_bundle")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"{value!r} is not an absolute path")
-        return value
+
+class RunCacheSettings(BaseModel):
+    """The run cache: one PersistentVolumeClaim per namespace, created by the controller and
+    mounted into every run Job of that namespace at ``path`` (``PKOBATCH_CACHE_DIR``), so
+    plugins, package caches and virtualenvs survive between runs (docs/operations.md#run-cache)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="create a cache PVC per namespace and mount it into every run of it",
+    )
+    claim_name: str = Field(
+        default="pkobatch-run-cache",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="name of the PersistentVolumeClaim in each namespace",
+    )
+    storage_class: str | None = Field(
+        default=None,
+        description="storageClassName of the PVC (unset: the cluster's default class; an "
+        "empty string: no class, for statically provisioned volumes); the class must bind "
+        "Immediately, as the controller mounts only a Bound PVC",
+    )
+    size: str = Field(default="10Gi", description="requested storage of the PVC")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        default="ReadWriteMany",
+        description="ReadWriteMany: every run of the namespace mounts the cache; "
+        "ReadWriteOnce: one run of a namespace at a time does, the others use an emptyDir",
+    )
+    path: AbsolutePath = Field(
+        default="/var/cache/pkobatch", description="mount path in the run pod"
+    )
 
 
 class RetrySettings(BaseModel):
@@ -355,6 +387,7 @@ class Settings(BaseSettings):
         "Stack suspended) is skipped, like a CronJob's startingDeadlineSeconds",
     )
     job: JobSettings = Field(default_factory=JobSettings)
+    run_cache: RunCacheSettings = Field(default_factory=RunCacheSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)

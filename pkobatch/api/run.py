@@ -95,6 +95,9 @@ DYNAMIC_ENV_VAR: Final = "PULUMI_ENV"
 # The run's Job's UID, from the pod label the Job controller sets (downward API): the runner
 # owns its result by it without reading the Job.
 JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"
+# Where the runner keeps plugins, package caches and virtualenvs; the controller sets it
+# when it mounts the run cache (pkobatch.controller.run_cache).
+CACHE_DIR_ENV: Final = "PKOBATCH_CACHE_DIR"
 # PKO's bound on a Flux artifact's unpacked size, in bytes (-1: none): the controller gives it
 # to runs of its own setting (PKOBATCH_JOB__FLUX_MAX_UNTAR_SIZE_BYTES).
 MAX_UNTAR_SIZE_ENV: Final = "FLUX_MAX_UNTAR_SIZE_BYTES"

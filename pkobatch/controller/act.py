@@ -1,8 +1,9 @@
 """Act: carry out a ``Decision`` with as few API writes as possible.
 
-Order: finalizer added → Job created → its inputs created → status written → old Jobs and
-results deleted → finalizer removed → Events queued (the recorder posts them from its own
-thread, ``controller.events``) → prerequisites poked. The Job comes
+Order: finalizer added → the namespace's run cache claim created (once per namespace, when
+the run cache is enabled and it is missing) → Job created → its inputs created → status
+written → old Jobs and results deleted → finalizer removed → Events queued (the recorder
+posts them from its own thread, ``controller.events``) → prerequisites poked. The Job comes
 before the status that names it, so status never points at a Job that was never made; if the
 status write then fails, the next reconcile adopts the Job (deterministic names make a second
 create an ``AlreadyExists``).
@@ -41,6 +42,7 @@ from pkobatch.controller.sharding import Relabel
 from pkobatch.kube.client import (
     CONFIGMAPS,
     JOBS,
+    PERSISTENTVOLUMECLAIMS,
     PROGRAMS,
     SECRETS,
     STACKS,
@@ -48,6 +50,7 @@ from pkobatch.kube.client import (
     Forbidden,
     Invalid,
     Kube,
+    KubeError,
     NotFound,
 )
 
@@ -103,6 +106,17 @@ class Actor:
         """Report that a write is about to replace ``old_version`` of the Stack."""
         if self._on_stack_writing is not None:
             self._on_stack_writing(namespace, name, old_version)
+
+    def create_run_cache(self, claim: JSON) -> None:
+        """The namespace's run cache claim (``controller.run_cache``). A run never depends on
+        it (this one has an emptyDir), so a refusal is logged, not raised."""
+        namespace, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        try:
+            self._kube.create(PERSISTENTVOLUMECLAIMS, claim, namespace)
+        except AlreadyExists:
+            pass
+        except KubeError as exc:
+            log.warning("run cache claim %s/%s not created: %s", namespace, name, exc)
 
     def create_job(self, job: JSON, inputs: Sequence[JSON] = ()) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]

@@ -6,8 +6,8 @@ shard, in the namespaces the namespace list and selector give; Jobs and ConfigMa
 managed-by pkobatch, of the same shard; Programs, each of which the main controller also
 reconciles (its ``status.artifact``, ``controller.program_artifacts``); the Flux source
 kinds Stacks name, while they do; PKO's Workspaces and Updates, which the main controller
-runs (``controller.auto_objects``)) and which Stack each watched object wakes
-(``pkobatch.controller.stores``).
+runs (``controller.auto_objects``); the run cache claims, when the run cache is enabled)
+and which Stack each watched object wakes (``pkobatch.controller.stores``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from pkobatch.api.constants import KIND, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from pkobatch.config import Settings
 from pkobatch.controller.cache_transforms import cache_job, cache_result, cache_stack
 from pkobatch.controller.reconcile import StackReconciler, build_reconciler
+from pkobatch.controller.run_cache import RUN_CACHE_SELECTOR
 from pkobatch.controller.stack_metrics import StackMetrics
 from pkobatch.controller.stores import (
     Stores,
+    no_stack,
     owning_stack,
     owning_stack_or_update,
     program_and_stacks_naming_it,
@@ -32,7 +34,16 @@ from pkobatch.controller.stores import (
     the_update,
     the_workspace_and_its_updates,
 )
-from pkobatch.kube.client import CONFIGMAPS, JOBS, PROGRAMS, STACKS, UPDATES, WORKSPACES, Kube
+from pkobatch.kube.client import (
+    CONFIGMAPS,
+    JOBS,
+    PERSISTENTVOLUMECLAIMS,
+    PROGRAMS,
+    STACKS,
+    UPDATES,
+    WORKSPACES,
+    Kube,
+)
 from pkobatch.runtime.interfaces import Enqueuer, ObjectKey, Reconciler
 from pkobatch.runtime.manager import (
     LeaderElection,
@@ -170,6 +181,17 @@ def build_manager(
             "PKO's Workspace and Update CRDs (%s) are not installed: Workspaces and Updates are "
             "not run. Apply crds/ (kubectl apply -k crds/) and restart the controller",
             WORKSPACES.api_version,
+        )
+    if settings.run_cache.enabled:
+        # The claims of every shard's runs: a namespace has one, whoever created it.
+        watches.append(
+            Watch(
+                PERSISTENTVOLUMECLAIMS,
+                stores.run_caches,
+                no_stack,
+                RUN_CACHE_SELECTOR,
+                resync=False,
+            )
         )
     manager = Manager(
         kube,

@@ -86,6 +86,11 @@ class Observed:
     # poll the branch): building the probe Job is the costliest step of a reconcile, so it
     # is done once. None: ``decide`` asks itself.
     run_check: RunCheck | None = None
+    # With the run cache enabled (``controller.run_cache``): the namespace's cache claim from
+    # the controller's watch (None: it does not exist), and whether an active run of the
+    # namespace mounts it.
+    run_cache_claim: Mapping[str, Any] | None = None
+    run_cache_in_use: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,8 @@ class Decision:
     # a large snapshot. Created after the Job, owned by it.
     create_inputs: tuple[JSON, ...] = ()
     inputs_job: str = ""
+    # The namespace's run cache claim, created before the Job when it does not exist.
+    create_run_cache: JSON | None = None
     run: Run | None = None
     delete_jobs: list[JobDeletion] = field(default_factory=list)
     delete_results: list[str] = field(default_factory=list)

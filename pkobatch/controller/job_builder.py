@@ -27,7 +27,8 @@ Layers, each applied over the previous one, each a function of ``build_run``:
    can break the run contract;
 6. the runner's inputs on the final pod (``_apply_runner_inputs``): its command, its
    ``RunSnapshot``, the variables it owns; a run container a template made read-only
-   (``readOnlyRootFilesystem``) gets a writable ``/tmp``.
+   (``readOnlyRootFilesystem``) gets a writable ``/tmp``; with the run cache enabled, the
+   cache the controller chose (``run_cache``: the namespace's claim or an ``emptyDir``).
 
 Three modules hold the parts: ``run_credentials`` (the environment that carries
 credentials), ``run_snapshot`` (the ``RunSnapshot`` and how it reaches the runner) and
@@ -122,6 +123,7 @@ from pkobatch.api.strategic_merge import (
     strategic_merge,
 )
 from pkobatch.config import JobSettings
+from pkobatch.controller.run_cache import CacheChoice, mount_cache
 from pkobatch.controller.run_credentials import (
     InlineSecrets,
     RunEnvironment,
@@ -264,6 +266,7 @@ def build_run(
     insecure_http_git_hosts: Sequence[str] = (),
     source: Mapping[str, Any] | None = None,
     ended_runs: Sequence[str] = (),
+    cache: CacheChoice | None = None,
 ) -> RunObjects:
     """The Job for ``run`` of ``stack`` (whose parsed, valid spec is ``spec``), and its inputs.
 
@@ -272,7 +275,8 @@ def build_run(
     observed ``Program`` of a Stack with ``spec.programRef`` (rendered into the snapshot, so
     the run uses exactly that version) or its Flux source (whose artifact URL, revision and
     digest go into the snapshot). ``ended_runs``: the Stack's finished Jobs, whose
-    stale Pulumi locks the run may remove.
+    stale Pulumi locks the run may remove. ``cache``: the run cache to mount (None: the run
+    cache is disabled, the pod gets none).
     """
     meta = stack.get("metadata") or {}
     stack_name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
@@ -307,7 +311,7 @@ def build_run(
     _apply_job_template(job, spec.job_template)
     _apply_invariants(job, name, namespace, labels, annotations, stack, uid)
     _apply_run_bounds(job, spec, run, settings)
-    inputs = _apply_runner_inputs(job, snapshot, inline, labels, settings)
+    inputs = _apply_runner_inputs(job, snapshot, inline, labels, settings, cache)
     _check_pod_security(job["spec"]["template"], settings.pod_security_level, template)
     return RunObjects(job, inputs)
 
@@ -508,6 +512,7 @@ def _apply_runner_inputs(
     inline: InlineSecrets,
     labels: Mapping[str, str],
     settings: JobSettings,
+    cache: CacheChoice | None,
 ) -> tuple[JSON, ...]:
     """The last layer, on the final pod: the runner's command (injected into a foreign
     image), its snapshot (as an argument or in ConfigMaps), the variables it owns, PKO's
@@ -526,6 +531,8 @@ def _apply_runner_inputs(
     snapshot = snapshot.model_copy(update={"secret_env": secret_env})
     runner["command"] = runner_command(pod_spec, runner, settings)
     writable_tmp(pod_spec, runner)
+    if cache is not None:
+        mount_cache(job, pod_spec, runner, cache)
     input_labels = {**labels, RUN_INPUT_LABEL: name}
     del input_labels[MANAGED_BY_LABEL]
     runner["args"], inputs = snapshot_transport(

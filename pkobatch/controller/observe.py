@@ -32,6 +32,10 @@ depends only on the spec, the settings and the template, so it is kept per Stack
 UID and ``metadata.generation`` (the API server raises the generation on every spec change)
 and asked again only when they change: a Stack is reconciled several times per run.
 
+With the run cache enabled, the namespace's cache claim is read from the controller's watch
+of the claims it labels (``Stores.run_caches``), and whether an active run mounts it from the
+Job store: no API call per reconcile (``controller.run_cache``).
+
 The Flux source a Stack names (``spec.fluxSource``) is read from the watch of its kind,
 which the Stack needs only while it may run (``run_refusal`` also checks the kind against
 the kinds the controller accepts): a refused Stack, one that names no Flux source any more,
@@ -58,6 +62,7 @@ from pkobatch.controller.decision import Observed, RunCheck, SourceObject
 from pkobatch.controller.outcome import job_without_pod, pod_status_matters
 from pkobatch.controller.pod_causes import JOB_CONTROLLER_UID_LABEL
 from pkobatch.controller.polling import GitPoller, poll_key
+from pkobatch.controller.run_cache import claim_in_use
 from pkobatch.controller.steps.runs import run_refusal
 from pkobatch.controller.stores import StackKey, Stores, flux_source_resource
 from pkobatch.kube.client import (
@@ -215,7 +220,21 @@ class Observer:
             run_pods=run_pods,
             managed_fields=managed_fields,
             run_check=run_check,
+            **self._run_cache(key.namespace),
         )
+
+    def _run_cache(self, namespace: str) -> dict[str, Any]:
+        """The namespace's run cache claim and whether an active run mounts it, from the
+        stores (no API call): ``Observed.run_cache_claim`` and ``run_cache_in_use``."""
+        settings = self._settings.run_cache
+        if not settings.enabled:
+            return {}
+        return {
+            "run_cache_claim": self._stores.run_caches.get(namespace, settings.claim_name),
+            "run_cache_in_use": claim_in_use(
+                self._stores.jobs.list_unpacked(), namespace, settings.claim_name
+            ),
+        }
 
     def _prerequisite_graph(self, key: StackKey, spec: Mapping[str, Any]) -> dict[str, list[str]]:
         """The prerequisites of the Stacks in the store reachable from ``key``'s, by name

@@ -507,6 +507,8 @@ class StackReconciler:
         if not (observed.stack.get("metadata") or {}).get("deletionTimestamp"):
             # A destroy's Job comes back as news (``controller.echoes``).
             self.own_writes.record_job(key, job_name)
+        if decision.create_run_cache is not None:
+            self._actor.create_run_cache(decision.create_run_cache)
         try:
             self._actor.create_job(decision.create_job, decision.create_inputs)
         except NamespaceTerminating:

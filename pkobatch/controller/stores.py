@@ -20,7 +20,7 @@ deflated against ``pkobatch.controller.cache_transforms.PACKING_DICTIONARY``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from pkobatch.api.constants import (
@@ -107,7 +107,8 @@ def flux_source_resource(kind: str) -> Resource:
 @dataclass
 class Stores:
     """The watched objects: Stacks, the Jobs and ConfigMaps labelled managed-by pkobatch
-    (indexed by Stack), and the Programs Stacks may name in ``spec.programRef``."""
+    (indexed by Stack), the Programs Stacks may name in ``spec.programRef`` and the run cache
+    claims."""
 
     stacks: Store
     jobs: Store
@@ -116,6 +117,9 @@ class Stores:
     # PKO's Workspaces and Updates (``controller.auto_objects``).
     workspaces: Store
     updates: Store
+    # The run cache claims the controller created, one per namespace (``controller.run_cache``);
+    # empty while the run cache is disabled.
+    run_caches: Store = field(default_factory=Store)
     # None: Flux sources are not watched (a reconciler built without the Manager).
     flux_sources: FluxSources | None = None
 
@@ -129,6 +133,11 @@ class Stores:
             workspaces=Store(),
             updates=Store(),
         )
+
+
+def no_stack(obj: JSON) -> Iterator[StackKey]:
+    """A run cache claim's event wakes no Stack: the next run reads the claim as it is then."""
+    yield from ()
 
 
 def _namespace_and_name(obj: JSON) -> tuple[str, str]:

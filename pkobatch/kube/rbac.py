@@ -103,6 +103,11 @@ CONTROLLER_API_CALLS: Final[tuple[ApiCall, ...]] = (
     # Job). The only Secret access (see the module docstring).
     ("", "secrets", "get"),
     ("", "secrets", "create"),
+    # The run cache (PKOBATCH_RUN_CACHE__ENABLED): one claim per namespace, created once and
+    # then read from a watch of the claims the controller labels. Never updated or deleted.
+    ("", "persistentvolumeclaims", "list"),
+    ("", "persistentvolumeclaims", "watch"),
+    ("", "persistentvolumeclaims", "create"),
     # Leader election, in the controller's own namespace only.
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pkobatch.api.constants import FailedStep, ResultReason
 from pkobatch.api.messages import bound_message
-from pkobatch.api.run import PlannedStep, ProjectInfo, RunResult, RunSnapshot, plan_id
+from pkobatch.api.run import (
+    CACHE_DIR_ENV,
+    PlannedStep,
+    ProjectInfo,
+    RunResult,
+    RunSnapshot,
+    plan_id,
+)
 from pkobatch.api.stack.spec import StackSpec
 from pkobatch.api.stack.validation import load_stack_spec
 from pkobatch.runner import git, locks
@@ -89,7 +96,6 @@ from pkobatch.runner.stack_config import (
     secret_values,
 )
 from pkobatch.runner.workspace import (
-    CACHE_DIR_ENV,
     Project,
     cache_dir_from,
     copy_program,

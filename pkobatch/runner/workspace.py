@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import yaml
 
-from pkobatch.api.run import ProjectInfo
+from pkobatch.api.run import CACHE_DIR_ENV, ProjectInfo
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.run_cache import (
     LAST_USED_SUFFIX,
@@ -58,7 +58,6 @@ from pkobatch.runner.run_cache import (
 from pkobatch.runner.runtimes import INSTALL_TIMEOUT_SECONDS
 
 PROJECT_FILES: Final = ("Pulumi.yaml", "Pulumi.yml", "Pulumi.json")
-CACHE_DIR_ENV: Final = "PKOBATCH_CACHE_DIR"
 
 
 @dataclass

@@ -92,6 +92,9 @@ class World:
         self.run_pods: dict[str, list[dict[str, Any]]] = {}
         # Job name -> the pods the Job controller and the kubelet left of it.
         self.pods: dict[str, list[dict[str, Any]]] = {}
+        # The namespace's run cache claim, as the observer reads it (run cache enabled).
+        self.run_cache_claim: dict[str, Any] | None = None
+        self.run_cache_in_use = False
         self.counter = 0
 
     # -- observing and applying ------------------------------------------------------------
@@ -137,6 +140,8 @@ class World:
             slot_available=self.slot_available,
             pod_creation_failures=self.pod_creation_failures,
             run_pods=self.observed_pods(),
+            run_cache_claim=copy.deepcopy(self.run_cache_claim),
+            run_cache_in_use=self.run_cache_in_use,
         )
         return decide(observed, self.settings, builtin_template())
 

@@ -24,6 +24,13 @@ from pkobatch.config import Settings
 from pkobatch.controller.fold import changes_stack
 from pkobatch.controller.job_builder import RunObjects, build_run, job_name
 from pkobatch.controller.outcome import POD_CREATION_GRACE
+from pkobatch.controller.run_cache import (
+    EVENT_RUN_CACHE_UNAVAILABLE,
+    CacheChoice,
+    cache_claim,
+    choose_cache,
+    mounts_cache,
+)
 from pkobatch.controller.run_pod import JobBuildError
 from pkobatch.controller.run_snapshot import flux_artifact
 from pkobatch.controller.steps.draft import (
@@ -97,7 +104,27 @@ def build(draft: Draft, run: Run) -> RunObjects:
         insecure_http_git_hosts=draft.settings.insecure_http_git_hosts,
         source=draft.obs.source_object.obj if draft.obs.source_object else None,
         ended_runs=draft.ended_runs(),
+        cache=_run_cache(draft),
     )
+
+
+def _run_cache(draft: Draft) -> CacheChoice | None:
+    """The run cache a new Job of the Stack gets; None when the run cache is disabled."""
+    settings = draft.settings.run_cache
+    if not settings.enabled:
+        return None
+    return choose_cache(draft.obs.run_cache_claim, settings, draft.obs.run_cache_in_use)
+
+
+def _use_run_cache(draft: Draft, job: Mapping[str, Any], name: str) -> None:
+    """The claim the new Job's cache needs, and why the Job runs without it (Warning)."""
+    cache = _run_cache(draft)
+    if cache is None or not mounts_cache(job):
+        return
+    if cache.create_claim:
+        draft.decision.create_run_cache = cache_claim(draft.namespace, draft.settings.run_cache)
+    if cache.warning:
+        draft.event("Warning", EVENT_RUN_CACHE_UNAVAILABLE, f"run {name}: {cache.warning}")
 
 
 def repair_inputs(draft: Draft, job: Mapping[str, Any], run: Run) -> None:
@@ -158,6 +185,7 @@ def start_run(draft: Draft, run: Run, reason: str) -> bool | Refold:
         draft.reconciling(RECONCILING_PROCESSING_REASON, running_message(run, name))
     draft.event("Normal", EVENT_UPDATE_DETECTED, f"{reason}: starting {run.operation} {name}")
     _warn_unverifiable_artifact(draft, name)
+    _use_run_cache(draft, objects.job, name)
     # Neither the Job's creation nor its start wakes the Stack (``controller.echoes``): look
     # then whether it got a pod (``settle.fold_job``), as the next decision would ask.
     draft.requeue_in(POD_CREATION_GRACE)
