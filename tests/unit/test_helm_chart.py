@@ -66,6 +66,8 @@ def test_chart_renders_what_kustomize_renders(
         ("overlays/prod", "push-receiver", ["prod", "push-receiver"]),
         ("base", "secure-metrics", ["secure-metrics"]),
         ("overlays/prod", "secure-metrics", ["prod", "secure-metrics"]),
+        ("base", "run-cache", ["run-cache"]),
+        ("overlays/prod", "run-cache", ["prod", "run-cache"]),
     ],
 )
 def test_chart_values_render_what_the_components_add(
@@ -185,6 +187,10 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
         "settings.PKOBATCH_RETRY__MAX_FAILURES=5",
         "image.tag=1.2.3",
         "controller.logLevel=warning",
+        "runCache.enabled=true",
+        "runCache.storageClass=efs",
+        "runCache.size=20Gi",
+        "runCache.accessMode=ReadWriteOnce",
     ]
     env = controller_env(template(helm_bin, sets=sets))
     names = [name for name in env if name.startswith("PKOBATCH_")]
@@ -208,6 +214,13 @@ def test_job_defaults_and_settings_become_settings_the_controller_accepts(
     assert settings.job.flux_max_untar_size_bytes == 524288000
     assert (settings.max_active_jobs, settings.retry.max_failures) == (9, 5)
     assert settings.log_level == "warning"
+    cache = settings.run_cache
+    assert (cache.enabled, cache.storage_class, cache.size, cache.access_mode) == (
+        True,
+        "efs",
+        "20Gi",
+        "ReadWriteOnce",
+    )
 
 
 def test_the_runs_use_the_runner_image_at_the_controller_images_tag(helm_bin: Path) -> None:
