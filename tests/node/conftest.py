@@ -7,7 +7,8 @@ its images: tests/fixture_plugins/node_images.py).
 ``node_controller`` -> ``ControllerProcess`` (tests/helpers/controller_harness.py): the controller
 as a host process for the test's namespace, its injected runs copying the runner bundle from
 ``runner_bundle_image``, with the runner's RBAC and the Secret ``pulumi`` (``PASSPHRASE``)
-that ``yaml_stack`` (fixture_plugins/node_images.py) refers to.
+that ``yaml_stack`` (fixture_plugins/node_images.py) refers to; a module overrides
+``node_controller_settings`` to give it more settings.
 
 ``state_volume`` -> the pod volume of a PersistentVolumeClaim ``state`` bound to a hostPath
 PersistentVolume at ``tmp_path/state`` (writable by the run's user), where a ``file://``
@@ -57,12 +58,19 @@ def wait_pod(node_cluster: Cluster) -> Callable[..., JSON]:
 
 
 @pytest.fixture
+def node_controller_settings() -> dict[str, str]:
+    """More settings of ``node_controller`` (``PKOBATCH_*`` variables)."""
+    return {}
+
+
+@pytest.fixture
 def node_controller(
     node_cluster: Cluster,
     node_namespace: str,
     tmp_path: Path,
     pulumi_yaml_image: str,
     runner_bundle_image: str,
+    node_controller_settings: dict[str, str],
 ) -> Iterator[ControllerProcess]:
     """The controller for the test's namespace, its injected runs using the test images."""
     kube = node_cluster.kube
@@ -78,6 +86,7 @@ def node_controller(
             "PKOBATCH_JOB__RUNNER_BUNDLE": RUNNER_BUNDLE_PATH,
             "PKOBATCH_JOB__IMAGE_PULL_POLICY": "Never",
             "PKOBATCH_JOB__TERMINATION_GRACE_PERIOD": "5s",
+            **node_controller_settings,
         },
     )
     process.start()
