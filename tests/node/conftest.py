@@ -11,8 +11,9 @@ that ``yaml_stack`` (fixture_plugins/node_images.py) refers to; a module overrid
 ``node_controller_settings`` to give it more settings.
 
 ``state_volume`` -> the pod volume of a PersistentVolumeClaim ``state`` bound to a hostPath
-PersistentVolume at ``tmp_path/state`` (writable by the run's user), where a ``file://``
-backend outlives the run's pod; the PersistentVolume is deleted after the test.
+PersistentVolume (``helpers.host_path_volume``) at ``tmp_path/state`` (writable by the run's
+user), where a ``file://`` backend outlives the run's pod; the PersistentVolume is deleted
+after the test.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ from helpers.controller_harness import (
     create_secret,
     install_controller_rbac,
 )
+from helpers.host_path_volume import host_path_volume
 
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import PODS, Kube, Resource
+from pkobatch.kube.client import PERSISTENTVOLUMECLAIMS, PERSISTENTVOLUMES, PODS, Kube
 
 JSON = dict[str, Any]
-PERSISTENTVOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
-PERSISTENTVOLUMECLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 
 
 @pytest.fixture
@@ -98,26 +98,8 @@ def node_controller(
 def state_volume(node_cluster: Cluster, node_namespace: str, tmp_path: Path) -> Iterator[JSON]:
     kube = node_cluster.kube
     namespace = node_namespace
-    host_dir = tmp_path / "state"
-    host_dir.mkdir(mode=0o777)
-    host_dir.chmod(0o777)  # the run's user (uid 1000) writes there
     name = f"state-{namespace}"
-    kube.create(
-        PERSISTENTVOLUMES,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(host_dir), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": "state"},
-            },
-        },
-    )
+    host_path_volume(kube, name, tmp_path / "state", namespace, "state", "ReadWriteOnce")
     kube.create(
         PERSISTENTVOLUMECLAIMS,
         {

@@ -24,6 +24,7 @@ from helpers.controller_harness import (
     wait_events,
     wait_stack,
 )
+from helpers.host_path_volume import host_path_volume
 
 from pkobatch.dev.processes import wait_until
 from pkobatch.kube.client import PERSISTENTVOLUMECLAIMS, PERSISTENTVOLUMES, PODS
@@ -34,8 +35,13 @@ CLAIM = "pkobatch-run-cache"
 
 @pytest.fixture
 def node_controller_settings() -> dict[str, str]:
-    # No class: the claim binds to the PersistentVolume below, which names it.
-    return {"PKOBATCH_RUN_CACHE__ENABLED": "true", "PKOBATCH_RUN_CACHE__STORAGE_CLASS": ""}
+    # No class, and no more than the PersistentVolume below (1Gi) holds: the claim binds to
+    # that volume, which names it.
+    return {
+        "PKOBATCH_RUN_CACHE__ENABLED": "true",
+        "PKOBATCH_RUN_CACHE__STORAGE_CLASS": "",
+        "PKOBATCH_RUN_CACHE__SIZE": "1Gi",
+    }
 
 
 @pytest.fixture
@@ -43,25 +49,8 @@ def cache_dir(node_cluster: Cluster, node_namespace: str, tmp_path: Path) -> Ite
     """A hostPath PersistentVolume reserved for the namespace's cache claim; its directory."""
     kube = node_cluster.kube
     host_dir = tmp_path / "run-cache"
-    host_dir.mkdir(mode=0o777)
-    host_dir.chmod(0o777)  # the run's user (uid 1000) writes there
     name = f"run-cache-{node_namespace}"
-    kube.create(
-        PERSISTENTVOLUMES,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "capacity": {"storage": "10Gi"},
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(host_dir), "type": "Directory"},
-                "claimRef": {"namespace": node_namespace, "name": CLAIM},
-            },
-        },
-    )
+    host_path_volume(kube, name, host_dir, node_namespace, CLAIM, "ReadWriteMany")
     yield host_dir
     kube.delete(PERSISTENTVOLUMES, name)
 
