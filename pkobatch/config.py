@@ -29,6 +29,7 @@ from pkobatch import __version__
 from pkobatch.api.constants import FLUX_SOURCE_GROUP, FLUX_SOURCE_KINDS, SHARD_LABEL
 from pkobatch.api.durations import parse_duration
 from pkobatch.api.label_selector import InvalidSelector, LabelSelector, parse_selector
+from pkobatch.api.quantity import parse_quantity
 
 # A shard name is part of its Lease name and of its Deployment name in deploy/
 # (pkobatch-controller-<shard>, which must stay a DNS label: at most 63 characters).
@@ -156,6 +157,18 @@ class RunCacheSettings(BaseModel):
     path: AbsolutePath = Field(
         default="/var/cache/pkobatch", description="mount path in the run pod"
     )
+
+    @field_validator("size")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        try:
+            parse_quantity(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r}: not a storage quantity (e.g. 10Gi or 500Mi, as in a "
+                "PersistentVolumeClaim's resources.requests.storage)"
+            ) from None
+        return value
 
 
 class RetrySettings(BaseModel):

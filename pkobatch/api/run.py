@@ -98,6 +98,9 @@ JOB_UID_ENV: Final = "PKOBATCH_JOB_UID"
 # Where the runner keeps plugins, package caches and virtualenvs; the controller sets it
 # when it mounts the run cache (pkobatch.controller.run_cache).
 CACHE_DIR_ENV: Final = "PKOBATCH_CACHE_DIR"
+# What the runner prunes that cache down to, in bytes; the controller sets it from the run
+# cache claim's capacity.
+CACHE_MAX_BYTES_ENV: Final = "PKOBATCH_CACHE_MAX_BYTES"
 # PKO's bound on a Flux artifact's unpacked size, in bytes (-1: none): the controller gives it
 # to runs of its own setting (PKOBATCH_JOB__FLUX_MAX_UNTAR_SIZE_BYTES).
 MAX_UNTAR_SIZE_ENV: Final = "FLUX_MAX_UNTAR_SIZE_BYTES"

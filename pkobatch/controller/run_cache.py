@@ -36,7 +36,8 @@ from typing import Any, Final
 
 from pkobatch.api.constants import MANAGED_BY_LABEL, MANAGED_BY_VALUE, PREFIX
 from pkobatch.api.objects import JSON, job_finished
-from pkobatch.api.run import CACHE_DIR_ENV
+from pkobatch.api.quantity import parse_quantity
+from pkobatch.api.run import CACHE_DIR_ENV, CACHE_MAX_BYTES_ENV
 from pkobatch.config import RunCacheSettings
 from pkobatch.controller.run_pod import with_named
 
@@ -48,6 +49,7 @@ RUN_CACHE_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{RUN_CACHE_L
 CACHE_VOLUME: Final = "pkobatch-cache"
 EVENT_RUN_CACHE_UNAVAILABLE: Final = "RunCacheUnavailable"
 READ_WRITE_MANY: Final = "ReadWriteMany"
+PRUNE_AT_PERCENT: Final = 80
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class CacheChoice:
     warning: str = ""
     # The claim does not exist: the controller creates it with this run.
     create_claim: bool = False
+    # With the claim: the size the runner prunes the cache down to (PKOBATCH_CACHE_MAX_BYTES).
+    prune_to_bytes: int | None = None
 
 
 def cache_claim(namespace: str, settings: RunCacheSettings) -> JSON:
@@ -138,7 +142,19 @@ def choose_cache(
         )
     if in_use and READ_WRITE_MANY not in (status.get("accessModes") or []):
         return CacheChoice(path, None)
-    return CacheChoice(path, name)
+    return CacheChoice(path, name, prune_to_bytes=prune_bound(claim, settings))
+
+
+def prune_bound(claim: Mapping[str, Any], settings: RunCacheSettings) -> int:
+    """What the runner prunes the claim's cache down to: 80% of the volume's capacity (its
+    status, else the size asked for), so pruning starts well before the volume is full
+    (a full one makes runs uncached)."""
+    capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+    try:
+        size = parse_quantity(str(capacity)) if capacity else parse_quantity(settings.size)
+    except ValueError:
+        size = parse_quantity(settings.size)
+    return size * PRUNE_AT_PERCENT // 100
 
 
 def _unbound_hint(phase: str) -> str:
@@ -180,7 +196,12 @@ def mount_cache(job: JSON, pod_spec: JSON, runner: JSON, choice: CacheChoice) ->
     runner["volumeMounts"] = with_named(
         runner.get("volumeMounts"), {"name": CACHE_VOLUME, "mountPath": path}
     )
-    runner["env"] = [*(runner.get("env") or []), {"name": CACHE_DIR_ENV, "value": path}]
+    env = [*(runner.get("env") or []), {"name": CACHE_DIR_ENV, "value": path}]
+    if choice.prune_to_bytes is not None and not any(
+        e.get("name") == CACHE_MAX_BYTES_ENV for e in env
+    ):
+        env.append({"name": CACHE_MAX_BYTES_ENV, "value": str(choice.prune_to_bytes)})
+    runner["env"] = env
     if choice.claim is not None:
         metadata = job.setdefault("metadata", {})
         metadata["annotations"] = {

@@ -91,11 +91,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from pkobatch.api.objects import JSON
+from pkobatch.api.quantity import parse_quantity
 from pkobatch.api.timestamps import format_time
 from pkobatch.dev import processes
 from pkobatch.dev.container_logs import ContainerLog, ContainerLogServer, KubeletTls
 from pkobatch.dev.kubeconfig import kubeconfig, request_token, write_kubeconfig
-from pkobatch.dev.memory_limit import MemoryCgroup, parse_quantity
+from pkobatch.dev.memory_limit import MemoryCgroup
 from pkobatch.dev.podenv import CreateContainerConfigError, expand, resolve_env
 from pkobatch.kube.client import (
     DEFAULT_TIMEOUT,

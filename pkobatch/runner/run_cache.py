@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
+from pkobatch.api.run import CACHE_MAX_BYTES_ENV
 from pkobatch.runner.failures import RunFailure
 from pkobatch.runner.runtimes import PULUMI_HOME_DIRECTORY
 
 MIN_FREE_ENV: Final = "PKOBATCH_CACHE_MIN_FREE_BYTES"
 MAX_AGE_ENV: Final = "PKOBATCH_CACHE_MAX_AGE_DAYS"
-MAX_BYTES_ENV: Final = "PKOBATCH_CACHE_MAX_BYTES"
 DEFAULT_MIN_FREE_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_MAX_AGE_DAYS: Final = 14.0
 
@@ -122,7 +122,7 @@ def cache_settings(env: Mapping[str, str]) -> tuple[CacheSettings, list[str]]:
     settings = CacheSettings(
         min_free_bytes=int(number(MIN_FREE_ENV, DEFAULT_MIN_FREE_BYTES)),
         max_age_days=number(MAX_AGE_ENV, DEFAULT_MAX_AGE_DAYS),
-        max_bytes=int(number(MAX_BYTES_ENV, 0)),
+        max_bytes=int(number(CACHE_MAX_BYTES_ENV, 0)),
     )
     return settings, problems
 

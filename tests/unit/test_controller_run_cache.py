@@ -251,8 +251,52 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.parametrize(
     "invalid",
-    [{"access_mode": "ReadOnlyMany"}, {"path": "relative"}, {"claim_name": "Not_A_Name"}],
+    [
+        {"access_mode": "ReadOnlyMany"},
+        {"path": "relative"},
+        {"claim_name": "Not_A_Name"},
+        {"size": "10GB"},
+    ],
 )
 def test_invalid_settings_are_refused(invalid: dict[str, str]) -> None:
     with pytest.raises(ValidationError):
         RunCacheSettings.model_validate(invalid)
+
+
+def prune_env(job: JSON) -> list[Any]:
+    runner = run_container(pod_spec(job))
+    return [
+        e.get("value") for e in runner.get("env") or [] if e["name"] == "PKOBATCH_CACHE_MAX_BYTES"
+    ]
+
+
+def test_the_runner_prunes_a_mounted_claim_to_80_percent_of_its_capacity() -> None:
+    """The volume's capacity as its status reports it (it may exceed the size asked for),
+    else the size asked for; a Stack's own bound wins; an emptyDir gets none."""
+    world = cache_world(size="5Gi")
+    world.run_cache_claim = claim()
+    job = world.step().create_job
+    assert job is not None
+    assert prune_env(job) == [str(5 * 2**30 * 80 // 100)]
+
+    world = cache_world(size="5Gi")
+    world.run_cache_claim = claim()
+    world.run_cache_claim["status"]["capacity"] = {"storage": "8Gi"}
+    job = world.step().create_job
+    assert job is not None
+    assert prune_env(job) == [str(8 * 2**30 * 80 // 100)]
+
+    world = cache_world()
+    world.stack["spec"]["workspaceTemplate"] = {
+        "spec": {"env": [{"name": "PKOBATCH_CACHE_MAX_BYTES", "value": "7"}]}
+    }
+    world.run_cache_claim = claim()
+    job = world.step().create_job
+    assert job is not None
+    assert prune_env(job) == ["7"]
+
+    world = cache_world()
+    world.run_cache_claim = claim("Pending")
+    job = world.step().create_job
+    assert job is not None
+    assert prune_env(job) == []

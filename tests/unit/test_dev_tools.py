@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pkobatch.dev.memory_limit import parse_quantity
+from pkobatch.api.quantity import parse_quantity
 from pkobatch.dev.tools import (
     COMPONENTS,
     ECOSYSTEM_TOOLS,
