@@ -1,5 +1,6 @@
-"""The event recorder: Events are queued by ``post`` and created, in order, by one sender
-thread; a full queue drops (and counts) new ones; ``stop`` posts what is queued, then drops.
+"""The event recorder: Events are queued by ``post`` and created by several sender threads,
+each Stack's in order; a full queue drops (and counts) new ones; ``stop`` posts what is
+queued, then drops.
 The recorder's own rate limit is ``Kube.with_own_rate_limit`` (tests/unit/test_kube_ratelimit.py).
 """
 
@@ -128,3 +129,30 @@ def test_a_failed_post_is_logged_and_the_next_event_still_goes_out() -> None:
         assert api.wait_for(1) == ["Kept"]
     finally:
         recorder.stop()
+
+
+def test_a_stack_whose_event_hangs_holds_up_neither_other_stacks_nor_its_own_order() -> None:
+    """While the API holds one Stack's Event, other senders post other Stacks' Events, and
+    that Stack's later Events wait for it instead of overtaking it."""
+    api = EventsApi(hold=True)
+    recorder = EventRecorder(api, "pod")  # type: ignore[arg-type]
+    recorder.start()
+    others = [
+        {**STACK, "metadata": {**STACK["metadata"], "name": f"other{index}"}} for index in range(3)
+    ]
+    try:
+        recorder.post(STACK, "Normal", "First", "")
+        assert api.entered.acquire(timeout=WAIT)  # one sender holds it
+        recorder.post(STACK, "Normal", "Second", "")
+        for index, other in enumerate(others):
+            recorder.post(other, "Normal", f"Other{index}", "")
+        # The other Stacks' Events reach the API while "First" is still held; "Second" not.
+        for _ in others:
+            assert api.entered.acquire(timeout=WAIT)
+        assert not api.entered.acquire(timeout=0.2)
+        api.release.set()
+        reasons = api.wait_for(5)
+    finally:
+        recorder.stop()
+    assert reasons.index("First") < reasons.index("Second")
+    assert sorted(reasons) == ["First", "Other0", "Other1", "Other2", "Second"]
