@@ -147,7 +147,7 @@ def build_manager(
             children,
             cache_job,
             resync=False,
-            echo=own_writes.echoed_job if own_writes else None,
+            echo=reconciler.echoed_job if isinstance(reconciler, StackReconciler) else None,
         ),
         Watch(
             CONFIGMAPS,

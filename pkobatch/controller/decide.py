@@ -57,7 +57,7 @@ from pkobatch.api.constants import (
 from pkobatch.api.messages import bound_message
 from pkobatch.api.status import StatusObject
 from pkobatch.config import Settings
-from pkobatch.controller.decision import Decision, Observed
+from pkobatch.controller.decision import Decision, Observed, PodCheck
 from pkobatch.controller.outcome import Event
 from pkobatch.controller.steps import (
     deletion,
@@ -134,9 +134,23 @@ def _decide(observed: Observed, settings: Settings, template: Mapping[str, Any])
     if decision.status is not None:
         decision.status = draft.status
     decision.decided_status = draft.status
-    positive = [r for r in draft.requeue if r is not None]
-    decision.requeue_after = max(1.0, min(positive)) if positive else None
+    decision.requeue_after, decision.pod_check = _requeue(draft)
     return decision
+
+
+def _requeue(draft: Draft) -> tuple[float | None, PodCheck | None]:
+    """When to come back, and whether that is only to look at one Job's pod."""
+    checks = sorted(draft.pod_checks, key=lambda check: check[1])
+    asked = [*draft.requeue, *(seconds for _, seconds in checks)]
+    requeue = max(1.0, min(asked)) if asked else None
+    if not checks:
+        return requeue, None
+    job = checks[0][0]
+    rest = [*draft.requeue, *(seconds for name, seconds in checks if name != job)]
+    otherwise = max(1.0, min(rest)) if rest else None
+    if otherwise is not None and otherwise <= checks[0][1]:
+        return requeue, None
+    return requeue, PodCheck(job, otherwise)
 
 
 def _run_steps(draft: Draft, steps: tuple[Step, ...]) -> StepResult:

@@ -112,6 +112,17 @@ class FinishedRun:
     started_at: datetime | None
 
 
+@dataclass(frozen=True)
+class PodCheck:
+    """The decision's ``requeue_after`` is only to look at Job ``job``'s pod (whether the Job
+    controller created it, whether it started). Once the Job shows its pod ready that look
+    is moot, and ``otherwise`` is when the decision needs the Stack back (seconds; None: only
+    on a change)."""
+
+    job: str
+    otherwise: float | None
+
+
 @dataclass
 class Decision:
     """What ``decide`` decided for one Stack; ``controller.act`` carries it out."""
@@ -137,6 +148,7 @@ class Decision:
     prerequisite_requests: dict[str, str] = field(default_factory=dict)
     finished: list[FinishedRun] = field(default_factory=list)
     requeue_after: float | None = None
+    pod_check: PodCheck | None = None
     # Set when deciding failed (see ``decide``): the error, for the controller's log.
     error: str = ""
     # The status as decided, also when ``status`` is None because the Stack is released:

@@ -110,6 +110,13 @@ POD_CREATION_RECHECK: Final = timedelta(seconds=20)
 _POD_COUNTS: Final = ("active", "ready", "succeeded", "failed", "terminating")
 
 
+def job_pod_ready(job: Mapping[str, Any]) -> bool:
+    """The Job controller records the Job's pod created and ready: nothing to look at in it
+    until the run ends."""
+    status = job.get("status") or {}
+    return bool(status.get("active") and status.get("ready"))
+
+
 def job_without_pod(job: Mapping[str, Any], now: datetime) -> bool:
     """The Job is unfinished, has never had a pod, and is older than ``POD_CREATION_GRACE``."""
     status = job.get("status") or {}

@@ -17,6 +17,8 @@ Shared state lives here, never in ``decide``:
   wakes them at once instead of at their next recheck.
 - ``OwnWrites``: the Stack versions this controller's own writes replaced, so a reconcile
   never starts from a cached Stack its previous reconcile already changed.
+- ``PodChecks``: the wake-ups a decision asked for only to look at its Job's pod, dropped
+  when the Job's watch shows that pod ready first.
 - ``GitPoller``: branch heads (see ``polling``).
 """
 
@@ -36,13 +38,14 @@ from pkobatch.api.prerequisites import prerequisite_names
 from pkobatch.controller.act import Actor, JobRejected, NamespaceTerminating
 from pkobatch.controller.auto_objects import AutoObjects
 from pkobatch.controller.decide import decide
-from pkobatch.controller.decision import Decision, Observed
+from pkobatch.controller.decision import Decision, Observed, PodCheck
 from pkobatch.controller.delivery import Notifier
 from pkobatch.controller.echoes import job_event_is_echo, job_started, stack_update_is_echo
 from pkobatch.controller.events import EventRecorder
 from pkobatch.controller.fold import metric_result
 from pkobatch.controller.job_builder import builtin_template, parse_template
 from pkobatch.controller.observe import Observer
+from pkobatch.controller.outcome import job_pod_ready
 from pkobatch.controller.polling import GitPoller
 from pkobatch.controller.program_artifacts import ProgramArtifacts
 from pkobatch.controller.receiver import PushReceiver
@@ -70,6 +73,8 @@ CONFLICT_RETRY: Final = 1.0
 RESERVATION_SECONDS: Final = 60.0
 # How long a reconcile waits for the cache to show this controller's own Stack write.
 OWN_WRITE_SECONDS: Final = 30.0
+# How much later than its reconcile's end the worker may set the wake-up it returned.
+POD_CHECK_SLACK: Final = 1.0
 
 
 class StaleStack(Exception):
@@ -310,6 +315,52 @@ class OwnWrites:
             self._awaited.pop(key, None)
 
 
+@dataclass(frozen=True)
+class _PendingPodCheck:
+    job: str
+    due: float
+    otherwise: float | None
+
+
+class PodChecks:
+    """The wake-ups decisions asked for only to look at a Job's pod (``Decision.pod_check``:
+    did the Job controller create it, did it start), until the Job shows its pod ready
+    (client-go's expectations: the awaited event cancels the wake-up). The Job's start wakes
+    nothing (``controller.echoes``), so without this every new Stack would be reconciled once
+    more, for nothing, ``POD_CREATION_GRACE`` after its Job's creation. A ready pod moves the
+    wake-up to when the decision needs the Stack back otherwise; a wake-up already taken, or
+    one of another cause, is left alone (an extra reconcile, never a lost one).
+    """
+
+    def __init__(self, enqueuer: Enqueuer, clock: Callable[[], float] = time.monotonic) -> None:
+        self._enqueuer = enqueuer
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: dict[StackKey, _PendingPodCheck] = {}
+
+    def expect(self, key: StackKey, check: PodCheck, after: float) -> None:
+        """The reconcile of ``key`` returns ``after`` seconds only for ``check``."""
+        now = self._clock()
+        otherwise = None if check.otherwise is None else now + check.otherwise
+        with self._lock:
+            self._pending[key] = _PendingPodCheck(check.job, now + after, otherwise)
+
+    def forget(self, key: StackKey) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
+
+    def pod_ready(self, key: StackKey, job: str) -> None:
+        """``job``'s pod is ready: drop the look at it that ``key`` waits for, if any."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None or pending.job != job:
+                return
+            del self._pending[key]
+        now = self._clock()
+        otherwise = None if pending.otherwise is None else max(pending.otherwise - now, 0.0)
+        self._enqueuer.reschedule(key, pending.due - now + POD_CHECK_SLACK, otherwise)
+
+
 class StackReconciler:
     def __init__(
         self,
@@ -347,6 +398,7 @@ class StackReconciler:
         # Events have their own rate limit and sender thread (``controller.events``).
         self._events = EventRecorder(kube.with_own_rate_limit(), on_dropped=metrics.events_dropped)
         self.own_writes = OwnWrites()
+        self.pod_checks = PodChecks(enqueuer)
         self._actor = Actor(
             kube,
             self._events,
@@ -441,6 +493,7 @@ class StackReconciler:
         if isinstance(key, UpdateKey):
             return self.auto_objects.reconcile_update(key)
         self._seed()
+        self.pod_checks.forget(key)  # this reconcile decides again when to look
         cached = self._stores.stacks.get(key.namespace, key.name)
         version = self._cached_version(key)
         if cached is not None and self.own_writes.behind(key, version):
@@ -492,7 +545,25 @@ class StackReconciler:
         )
         self.admission.track(key, str(active["metadata"]["name"]) if active else None)
         self._after_runs(key, decision)
-        return ReconcileResult(requeue_after=decision.requeue_after)
+        return ReconcileResult(requeue_after=self._requeue(key, decision))
+
+    def _requeue(self, key: StackKey, decision: Decision) -> float | None:
+        """The decision's requeue, less a look at a pod the Job already shows ready."""
+        check = decision.pod_check
+        if check is None or decision.requeue_after is None:
+            return decision.requeue_after
+        job = self._stores.jobs.get(key.namespace, check.job)
+        if job is not None and job_pod_ready(job):
+            return check.otherwise  # it started while this reconcile decided
+        self.pod_checks.expect(key, check, decision.requeue_after)
+        return decision.requeue_after
+
+    def echoed_job(self, key: StackKey, old: JSON | None, new: JSON | None) -> bool:
+        """``OwnWrites.echoed_job``; a Job that shows its pod ready also ends its Stack's
+        wait to look at that pod (``PodChecks``)."""
+        if new is not None and job_pod_ready(new):
+            self.pod_checks.pod_ready(key, str(new["metadata"]["name"]))
+        return self.own_writes.echoed_job(key, old, new)
 
     def _create_job(self, key: StackKey, observed: Observed, decision: Decision) -> Decision:
         if decision.create_job is None:

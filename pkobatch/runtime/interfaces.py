@@ -76,3 +76,8 @@ class Enqueuer(Protocol):
     def enqueue(self, key: ObjectKey, after: float | None = None) -> None:
         """Reconcile ``key`` now (coalesced with pending requests) or in ``after`` seconds."""
         ...
+
+    def reschedule(self, key: ObjectKey, due_within: float, after: float | None) -> None:
+        """A wake-up of ``key`` due within ``due_within`` seconds became moot: reconcile it
+        in ``after`` seconds instead (None: only on a change)."""
+        ...

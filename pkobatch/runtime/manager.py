@@ -167,6 +167,9 @@ class QueueEnqueuer:
         else:
             self._queue.add_after(key, after)
 
+    def reschedule(self, key: ObjectKey, due_within: float, after: float | None) -> None:
+        self._queue.reschedule(key, due_within, after)
+
 
 class Manager:
     def __init__(

@@ -4,7 +4,9 @@
 - A key being processed is never handed to a second worker: adding it marks it *dirty* and
   ``done(key)`` puts it back in the queue, so the newest state is always seen once more.
 - ``add_after(key, delay)`` keeps only the earliest pending time per key; due keys are moved
-  into the queue by whichever thread looks next (no timer thread).
+  into the queue by whichever thread looks next (no timer thread). ``reschedule`` moves or
+  drops a pending time that became moot (client-go's expectations: the event a wake-up
+  waited for came first), so the later time it hid still comes.
 - ``add_rate_limited(key)`` delays by the key's exponential backoff; ``forget(key)`` resets it.
 - ``add_low_priority(key)`` (controller-runtime's priority queue, for a resync) puts the
   key behind every key added normally: a periodic resync of 10,000 Stacks must not make an
@@ -125,6 +127,18 @@ class WorkQueue(Generic[K]):
             self._ready_at[key] = ready_at
             heapq.heappush(self._timers, (ready_at, next(self._sequence), key))
             self._cond.notify()
+
+    def reschedule(self, key: K, due_within: float, delay: float | None) -> bool:
+        """Move ``key``'s pending time, if it is due within ``due_within`` seconds, to
+        ``delay`` seconds from now (None: drop it). False when no such time is pending."""
+        with self._cond:
+            pending = self._ready_at.get(key)
+            if pending is None or pending > self._clock() + due_within:
+                return False
+            del self._ready_at[key]  # its timer entry is stale from now on
+            if delay is not None:
+                self.add_after(key, delay)
+            return True
 
     def add_rate_limited(self, key: K) -> None:
         if self._metrics:

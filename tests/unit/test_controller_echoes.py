@@ -13,8 +13,12 @@ The Stack's writes to its prerequisites (a poke) are not its own Stack's writes:
 
 After every step, each start the Job controller can record for an unfinished Job (its pod
 created, ready: ``echoes.JOB_START_FIELDS`` set) is checked the same way: deciding with it
-brings nothing that deciding without it does not, and no earlier recheck. A decision reads
-those fields only for whether they are set, so setting them to 1 covers every value.
+brings nothing that deciding without it does not, and no earlier recheck. And when the
+start shows the pod ready, a look at that pod the decision asked for is moot: deciding with
+the start asks for none, nor for a recheck before what the decision asked otherwise
+(``Decision.pod_check``), so the shell may drop that wake-up (``reconcile.PodChecks``).
+A decision reads those fields only for whether they are set, so setting them to 1 covers
+every value.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from pkobatch.controller.echoes import (
     job_started,
     stack_update_is_echo,
 )
+from pkobatch.controller.outcome import job_pod_ready
 
 PLANNER_CASES: tuple[ModuleType, ...] = (
     test_controller_decide,
@@ -144,6 +149,24 @@ def starts(job: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in candidates if c.get("active") or not c.get("ready")]
 
 
+def moot_look_is_not_needed(
+    without: Decision, with_start: Decision, name: str, job: dict[str, Any]
+) -> str | None:
+    """Why ``without``'s look at Job ``name``'s pod would be needed although the Job shows
+    its pod ready (``with_start``), if it would: the shell then drops that wake-up and keeps
+    only ``pod_check.otherwise`` (``reconcile.PodChecks``)."""
+    check = without.pod_check
+    if check is None or check.job != name or not job_pod_ready(job):
+        return None
+    if with_start.pod_check is not None and with_start.pod_check.job == name:
+        return f"the ready Job {name} still asks a look at its pod"
+    if with_start.requeue_after is not None and (
+        check.otherwise is None or with_start.requeue_after < check.otherwise
+    ):
+        return f"a recheck in {with_start.requeue_after}s, where {check.otherwise} is kept"
+    return None
+
+
 def check_starts(world: World) -> int:
     """Each start of each of the world's Jobs brings no new work nor an earlier recheck;
     the number of starts checked."""
@@ -162,6 +185,8 @@ def check_starts(world: World) -> int:
             assert sooner(with_start, without) is None, (
                 f"the start {started} of {name} needs {sooner(with_start, without)}"
             )
+            started_job = {**job, "status": started}
+            assert moot_look_is_not_needed(without, with_start, name, started_job) is None
             checked += 1
     return checked
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from pkobatch.api.constants import FINALIZER
@@ -15,6 +16,7 @@ from pkobatch.controller.cache_transforms import cache_job, cache_stack
 from pkobatch.controller.reconcile import (
     CONFLICT_RETRY,
     OWN_WRITE_SECONDS,
+    POD_CHECK_SLACK,
     OwnWrites,
     StackReconciler,
 )
@@ -114,9 +116,13 @@ class ApiServer:
 class Enqueuer:
     def __init__(self) -> None:
         self.queued: list[StackKey] = []
+        self.rescheduled: list[tuple[StackKey, float, float | None]] = []
 
     def enqueue(self, key: StackKey, after: float | None = None) -> None:
         self.queued.append(key)
+
+    def reschedule(self, key: StackKey, due_within: float, after: float | None) -> None:
+        self.rescheduled.append((key, due_within, after))
 
 
 def reconciler_on(
@@ -235,6 +241,48 @@ def test_the_start_of_a_reconciles_job_wakes_nothing_and_its_end_does() -> None:
         "conditions": [{"type": "Complete", "status": "True"}],
     }
     assert not writes.echoed_job(KEY, started, finished)
+
+
+def job_status(job: dict[str, Any], version: str, **status: Any) -> dict[str, Any]:
+    return {**job, "metadata": {**job["metadata"], "resourceVersion": version}, "status": status}
+
+
+def test_a_job_that_shows_its_pod_ready_ends_the_wait_to_look_at_that_pod() -> None:
+    enqueuer = Enqueuer()
+    _, api, _, reconciler = reconciler_of_new_stack(enqueuer)
+    assert reconciler.reconcile(KEY).requeue_after == 10  # only to look at the Job's pod
+    job = cache_job(copy.deepcopy(api.jobs[0]))
+    other = job_status(job, "60", active=1, ready=1)
+    other["metadata"]["name"] = "another-job"
+    reconciler.echoed_job(KEY, None, other)
+    active = job_status(job, "51", startTime="2026-01-01T00:00:01Z", active=1)
+    assert reconciler.echoed_job(KEY, job, active)
+    # Another Job, or a pod created but not ready: the look at its start is still due.
+    assert enqueuer.rescheduled == []
+    ready = job_status(job, "52", startTime="2026-01-01T00:00:01Z", active=1, ready=1)
+    assert reconciler.echoed_job(KEY, active, ready)
+    [(key, due_within, after)] = enqueuer.rescheduled
+    assert key == KEY and after is None  # nothing else asked for the Stack
+    assert 10 < due_within <= 10 + POD_CHECK_SLACK
+    reconciler.echoed_job(KEY, ready, job_status(ready, "53", **ready["status"], failed=0))
+    assert len(enqueuer.rescheduled) == 1  # once
+
+
+def test_a_reconcile_whose_job_started_meanwhile_asks_no_look_at_its_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, api, stores, reconciler = reconciler_of_new_stack()
+    apply = reconciler._actor.apply
+
+    def apply_while_the_pod_starts(stack: Any, decision: Any) -> None:
+        apply(stack, decision)
+        job = cache_job(copy.deepcopy(api.jobs[0]))
+        stores.jobs.upsert(
+            job_status(job, "51", startTime="2026-01-01T00:00:01Z", active=1, ready=1)
+        )
+
+    monkeypatch.setattr(reconciler._actor, "apply", apply_while_the_pod_starts)
+    assert reconciler.reconcile(KEY).requeue_after is None
 
 
 def test_no_echo_is_dropped_while_a_reconcile_waits_for_it() -> None:

@@ -125,6 +125,25 @@ def test_add_after_fires_when_due_and_keeps_the_earliest_time() -> None:
     assert drain(queue) == [], "superseded timers must not fire again"
 
 
+def test_reschedule_moves_or_drops_a_moot_time_and_leaves_another_alone() -> None:
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue(clock=clock)
+    for key, delay in (("a", 10), ("b", 10), ("c", 60)):
+        queue.add_after(key, delay)
+    queue.add_after("a", 3600)  # hidden behind the earlier time
+    assert queue.reschedule("a", 11, 3600)  # its 10 s wake-up is moot: the later one stays
+    assert queue.reschedule("b", 11, None)
+    assert not queue.reschedule("c", 11, None)  # due later: not the time asked about
+    assert not queue.reschedule("d", 11, None)
+    clock.advance(60)
+    assert drain(queue) == ["c"]
+    queue.done("c")
+    clock.advance(3539)
+    assert drain(queue) == []
+    clock.advance(1)
+    assert drain(queue) == ["a"]
+
+
 def test_add_after_zero_adds_at_once() -> None:
     queue: WorkQueue[str] = WorkQueue(clock=FakeClock())
     queue.add_after("a", 0)

@@ -120,6 +120,8 @@ class Draft:
         self.jobs = {str(j["metadata"]["name"]): j for j in observed.jobs}
         self.decision = Decision(status=self.status)
         self.requeue: list[float] = []
+        # (Job, seconds): come back then only to look at that Job's pod (``look_at_pod_in``).
+        self.pod_checks: list[tuple[str, float]] = []
         # A Job whose run is recorded but whose pod is still stopping: no new run yet.
         self.stopping = ""
         # Why ``runs.start_run`` could not create the run's Job (its build or the API server
@@ -141,6 +143,12 @@ class Draft:
     def requeue_in(self, delay: timedelta | float) -> None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         self.requeue.append(max(seconds, 1.0))
+
+    def look_at_pod_in(self, job: str, delay: timedelta) -> None:
+        """Come back after ``delay`` to look at Job ``job``'s pod: whether it was created,
+        whether it started (``Decision.pod_check``: the shell drops that wake-up when the
+        Job shows its pod ready first)."""
+        self.pod_checks.append((job, max(delay.total_seconds(), 1.0)))
 
     def reconciling(self, reason: str, message: str) -> None:
         self.conditions = mark_reconciling(

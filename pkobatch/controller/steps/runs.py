@@ -188,7 +188,7 @@ def start_run(draft: Draft, run: Run, reason: str) -> bool | Refold:
     _use_run_cache(draft, objects.job, name)
     # Neither the Job's creation nor its start wakes the Stack (``controller.echoes``): look
     # then whether it got a pod (``settle.fold_job``), as the next decision would ask.
-    draft.requeue_in(POD_CREATION_GRACE)
+    draft.look_at_pod_in(name, POD_CREATION_GRACE)
     return True
 
 

@@ -113,7 +113,7 @@ def fold_job(draft: Draft, job: Mapping[str, Any]) -> bool:
         failure = draft.obs.pod_creation_failures.get(name)
         if not failure:
             # Look for the Job controller's FailedCreate Event again in a while.
-            draft.requeue_in(POD_CREATION_RECHECK)
+            draft.look_at_pod_in(name, POD_CREATION_RECHECK)
             return False
         stuck = pod_creation_outcome(job, failure, draft.now)
     if stuck is not None:
@@ -123,11 +123,11 @@ def fold_job(draft: Draft, job: Mapping[str, Any]) -> bool:
         created = parse_time(creation(job))
         status = job.get("status") or {}
         if created is not None and not status.get("active"):
-            draft.requeue_in(max(created + POD_CREATION_GRACE - draft.now, timedelta(0)))
+            draft.look_at_pod_in(name, max(created + POD_CREATION_GRACE - draft.now, timedelta(0)))
         elif created is not None and not status.get("ready"):
             # Look at its pod when it may have been unable to start for too long.
             check = next_pod_start_check(created, draft.now)
-            draft.requeue_in(max(check - draft.now, POD_CREATION_RECHECK))
+            draft.look_at_pod_in(name, max(check - draft.now, POD_CREATION_RECHECK))
         return False
     if outcome.result is not None and name not in draft.obs.results:
         # Its pod sent the result itself: the ConfigMap keeps it for history, as the
