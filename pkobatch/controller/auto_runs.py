@@ -49,6 +49,7 @@ from pkobatch.api.constants import (
     CONDITION_STALLED,
     FIELDS_IGNORED_REASON,
     OPERATIONS,
+    STALLED_SPEC_INVALID_REASON,
     Operation,
 )
 from pkobatch.api.durations import parse_duration
@@ -82,7 +83,6 @@ UPDATED_REASON: Final = "Updated"
 SUCCEEDED_REASON: Final = "UpdateSucceeded"
 FAILED_REASON: Final = "UpdateFailed"
 WAITING_REASON: Final = "WaitingForWorkspace"
-SPEC_INVALID_REASON: Final = "SpecInvalid"
 WORKSPACE_READY_REASON: Final = "Succeeded"
 WORKSPACE_READY_MESSAGE: Final = "the spec is valid: its Updates run as Jobs"
 # The Job's run trigger: an Update runs once (its name and generation make the Job's name).
@@ -321,10 +321,10 @@ def workspace_status(workspace: Mapping[str, Any], now: datetime) -> JSON | None
     if problems:
         message = "; ".join(problems)
         conditions = set_condition(
-            conditions, CONDITION_READY, "False", SPEC_INVALID_REASON, message, now=now
+            conditions, CONDITION_READY, "False", STALLED_SPEC_INVALID_REASON, message, now=now
         )
         conditions = set_condition(
-            conditions, CONDITION_STALLED, "True", SPEC_INVALID_REASON, message, now=now
+            conditions, CONDITION_STALLED, "True", STALLED_SPEC_INVALID_REASON, message, now=now
         )
     else:
         conditions = set_condition(
@@ -460,7 +460,7 @@ def _completed(obs: UpdateObserved, failed: bool, reason: str, message: str, ext
 
 def _refused(obs: UpdateObserved, message: str) -> UpdateDecision:
     return UpdateDecision(
-        status=_completed(obs, True, SPEC_INVALID_REASON, message, {}),
+        status=_completed(obs, True, STALLED_SPEC_INVALID_REASON, message, {}),
         events=[("Warning", FAILED_REASON, message)],
     )
 
