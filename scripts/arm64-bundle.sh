@@ -173,7 +173,7 @@ in_root() {
   shift
   "${heavy[@]}" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
     PIP_CERT=/etc/ssl/certs/pkobatch-host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_DEFAULT_TIMEOUT=180 chroot "$root" "$@"
+    PIP_DEFAULT_TIMEOUT=180 "$(command -v chroot)" "$root" "$@"
 }
 
 # This checkout as git sees it (tracked and untracked, not ignored: no .venv) at /src/pkobatch.
@@ -254,12 +254,6 @@ EOF
 # -- Main ---------------------------------------------------------------------------------------
 timed "register qemu-aarch64 (binfmt_misc)" register_qemu
 
-tools=$CACHE/tools/pulumi-$PULUMI_VERSION-yaml-$PULUMI_YAML_VERSION
-if [ -f "$tools/.stamp" ]; then say "cached: $tools"; else
-  timed "cross-build the Pulumi CLI and the YAML host (GOARCH=arm64)" build_pulumi_tools "$tools"
-fi
-[ "$("$tools/pulumi" version)" = "v$PULUMI_VERSION" ] || fail "$tools/pulumi does not report v$PULUMI_VERSION"
-
 root=$CACHE/root-$(root_key)
 if [ -f "$root/.stamp" ]; then say "cached: $root"; else
   timed "mmdebstrap the arm64 root" make_root "$root"
@@ -268,5 +262,11 @@ timed "enter the root" enter_root "$root"
 timed "copy this checkout into the root" copy_checkout "$root"
 timed "install pkobatch[runner,bundle] in the root (pip)" install_venv "$root"
 timed "build the bundle in the root (build-runner-bundle.sh)" build_bundle "$root"
+tools=$CACHE/tools/pulumi-$PULUMI_VERSION-yaml-$PULUMI_YAML_VERSION
+if [ -f "$tools/.stamp" ]; then say "cached: $tools"; else
+  timed "cross-build the Pulumi CLI and the YAML host (GOARCH=arm64)" build_pulumi_tools "$tools"
+fi
+[ "$("$tools/pulumi" version)" = "v$PULUMI_VERSION" ] || fail "$tools/pulumi does not report v$PULUMI_VERSION"
+
 timed "run the bundle on this host under qemu" run_bundle "$root/out/pkobatch-runner" "$tools"
 say "done: $root/out/pkobatch-runner"
