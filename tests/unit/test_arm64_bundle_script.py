@@ -1,5 +1,5 @@
 """scripts/arm64-bundle.sh cross-builds the Pulumi CLI and the YAML host as scripts/tools.sh
-builds them for x86-64, and stays out of the test command and CI (it takes most of an hour)."""
+builds them for x86-64, and stays out of the test command and CI (a cold run: about 80 minutes)."""
 
 from __future__ import annotations
 
