@@ -57,8 +57,10 @@ mkdir -p "$CACHE/tools"
 mounted_binfmt=""
 registered_binfmt=""
 chroot_mounts=()
+run_dir=""
 cleanup() {
   local index
+  if [ -n "$run_dir" ]; then rm -rf "$run_dir"; fi
   for ((index = ${#chroot_mounts[@]} - 1; index >= 0; index--)); do
     umount "${chroot_mounts[index]}" || umount -l "${chroot_mounts[index]}" || true
   done
@@ -207,7 +209,8 @@ build_bundle() {
 # The bundle runs outside the root: nothing of arm64 is on this host but what it carries.
 run_bundle() {
   local bundle=$1 tools=$2 work
-  work=$(mktemp -d)
+  run_dir=$(mktemp -d)
+  work=$run_dir
   file -L "$bundle/pkobatch-runner" "$bundle/app/pkobatch-runner" "$tools/pulumi" >&2
   say "pkobatch-runner --help"
   "$bundle/pkobatch-runner" --help >"$work/help.txt"
