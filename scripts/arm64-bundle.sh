@@ -11,7 +11,7 @@
 #   PKOBATCH_ARM64_CACHE=...         cache root (default ~/.cache/pkobatch-arm64)
 #
 # Cached, each by a key of its inputs: the arm64 root (root-<key>: suite, packages, apt
-# sources), the arm64 Pulumi CLI and YAML host (tools/<versions>), and the bundle itself
+# sources), the arm64 Pulumi CLI and YAML host (scripts/tools.sh's cache layout under tools/), and the bundle itself
 # (build-runner-bundle.sh's own cache, inside the root). A warm run only hashes, copies this
 # checkout into the root and runs the bundle. Each step's time goes to stderr and to
 # $CACHE/timings.log.
@@ -91,36 +91,15 @@ register_qemu() {
 }
 
 # -- The Pulumi CLI and the YAML host for arm64 ------------------------------------------------
-# The same modules, versions and flags as scripts/tools.sh's pulumi and yaml components, with
-# GOARCH=arm64; the module cache is shared, the output goes to this cache only.
-go_build_arm64() {
-  CGO_ENABLED=0 GOOS=linux GOARCH=arm64 GOFLAGS=-modcacherw GOTOOLCHAIN=local \
-    GOPROXY=${GOPROXY:-https://proxy.golang.org,direct} "${heavy[@]}" go "$@"
-}
-
+# scripts/tools.sh's own pulumi and yaml components with GOARCH=arm64, into this cache only
+# (the module and build caches are shared). PATH holds only go and the system's tools, so
+# that tools.sh does not link an x86-64 pulumi it finds instead of building one; its check
+# of the built CLI's version runs under qemu.
 build_pulumi_tools() {
-  local out=$1 work
-  work=$(mktemp -d)
-  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-  (
-    cd "$work" && mkdir cli yaml
-    cd cli
-    go mod init pkobatch-arm64/pulumi >/dev/null 2>&1
-    go mod edit -replace=github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e
-    go_build_arm64 get -tool "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@v$PULUMI_VERSION"
-    go_build_arm64 get "github.com/pulumi/pulumi/sdk/v3@v$PULUMI_VERSION"
-    go_build_arm64 build -trimpath -buildvcs=false -tags osusergo,grpcnotrace \
-      -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$PULUMI_VERSION" \
-      -o "$out.tmp/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
-    cd ../yaml
-    go mod init pkobatch-arm64/yaml >/dev/null 2>&1
-    go_build_arm64 get -tool "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@$PULUMI_YAML_VERSION"
-    go_build_arm64 build -trimpath -buildvcs=false -tags osusergo,grpcnotrace \
-      -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=$PULUMI_YAML_VERSION" \
-      -o "$out.tmp/pulumi-language-yaml" github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml
-  )
-  rm -rf "$work"
-  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.stamp"
+  local go_dir
+  go_dir=$(dirname "$(command -v go)")
+  env GOARCH=arm64 GOOS=linux PKOBATCH_TOOLS_DIR="$CACHE/tools" PATH="$go_dir:/usr/bin:/bin" \
+    "${heavy[@]}" bash "$here/scripts/tools.sh" pulumi yaml
 }
 
 # -- The arm64 root ----------------------------------------------------------------------------
@@ -211,7 +190,7 @@ run_bundle() {
   local bundle=$1 tools=$2 work
   run_dir=$(mktemp -d)
   work=$run_dir
-  file -L "$bundle/pkobatch-runner" "$bundle/app/pkobatch-runner" "$tools/pulumi" >&2
+  file -L "$bundle/pkobatch-runner" "$bundle/app/pkobatch-runner" "$(PATH=$tools command -v pulumi)" >&2
   say "pkobatch-runner --help"
   "$bundle/pkobatch-runner" --help >"$work/help.txt"
   grep -q '^  run ' "$work/help.txt" || fail "--help lists no 'run' command: $(cat "$work/help.txt")"
@@ -267,11 +246,8 @@ timed "enter the root" enter_root "$root"
 timed "copy this checkout into the root" copy_checkout "$root"
 timed "install pkobatch[runner,bundle] in the root (pip)" install_venv "$root"
 timed "build the bundle in the root (build-runner-bundle.sh)" build_bundle "$root"
-tools=$CACHE/tools/pulumi-$PULUMI_VERSION-yaml-$PULUMI_YAML_VERSION
-if [ -f "$tools/.stamp" ]; then say "cached: $tools"; else
-  timed "cross-build the Pulumi CLI and the YAML host (GOARCH=arm64)" build_pulumi_tools "$tools"
-fi
-[ "$("$tools/pulumi" version)" = "v$PULUMI_VERSION" ] || fail "$tools/pulumi does not report v$PULUMI_VERSION"
+timed "cross-build the Pulumi CLI and the YAML host (GOARCH=arm64)" build_pulumi_tools
+tools=$CACHE/tools/pulumi-$PULUMI_VERSION:$CACHE/tools/yaml-$PULUMI_YAML_VERSION
 
 timed "run the bundle on this host under qemu" run_bundle "$root/out/pkobatch-runner" "$tools"
 say "done: $root/out/pkobatch-runner"
