@@ -45,8 +45,9 @@ from pkobatch.kube.client import (
 JSON = dict[str, Any]
 # Above the sum of a test's own waits (600 s to Ready, 300 s each to drift and destruction,
 # a refresh between), so that a slow run fails with the wait's message rather than being cut
-# off by the suite's 600 s. A cold run on a busy machine (the Python program's first install
-# of its dependencies included) reached the last wait after 600 s with every step before it passed.
+# off by the suite's 600 s. In a cold run of the whole suite on 2 cores (the Python program's
+# first install of its dependencies included) one reached its last wait after 600 s with every
+# step before it passed.
 pytestmark = pytest.mark.timeout(1800)
 APP = "guestbook"  # no secret value of the test (e.g. git user "pkobatch") in it
 PROGRAM_LABEL = "pkobatch.io/test-program"
