@@ -70,6 +70,7 @@ JSON = dict[str, Any]
 INSECURE_HTTP_GIT_HOSTS = "PKOBATCH_INSECURE_HTTP_GIT_HOSTS"
 LOOPBACK_GIT_HOST = "127.0.0.1"
 NOTIFICATIONS_ALLOWED_CIDRS = "PKOBATCH_NOTIFICATIONS__ALLOWED_CIDRS"
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 VALIDATING_ADMISSION_POLICIES = Resource(
     "admissionregistration.k8s.io",
     "v1",
@@ -143,6 +144,24 @@ def bind_runner(kube: Kube, namespace: str) -> None:
     """What deploy/kustomize/runner does in a tenant namespace (the SA already exists)."""
     binding = yaml.safe_load((REPO / "deploy/kustomize/runner/rolebinding.yaml").read_text())
     _apply(kube, ROLEBINDINGS, binding, namespace)
+
+
+def refuse_pods(kube: Kube, namespace: str) -> None:
+    """A ResourceQuota of zero pods that quota admission enforces: every pod the job
+    controller tries to create in ``namespace`` is refused.
+
+    Admission ignores a quota whose status has no ``hard`` (not yet counted), and the test
+    control plane runs no resourcequota controller, so the usage it would record is written
+    here; without it the pods are created and the node agent runs them."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    kube.create(RESOURCE_QUOTAS, quota, namespace)
+    usage = {"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
+    kube.merge_patch(RESOURCE_QUOTAS, "no-pods", usage, namespace, subresource="status")
 
 
 def scrape(port: int) -> str:

@@ -22,6 +22,7 @@ from helpers.controller_harness import (
     bind_runner,
     condition,
     create_secret,
+    refuse_pods,
     wait_events,
     wait_stack,
 )
@@ -47,10 +48,7 @@ from pkobatch.kube.client import (
     SECRETS,
     STACKS,
     Kube,
-    Resource,
 )
-
-RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 
 JSON = dict[str, Any]
 
@@ -440,16 +438,7 @@ def test_a_run_killed_for_lack_of_memory_says_so_and_what_to_raise(
 def test_a_pod_refused_by_quota_admission_fails_the_run_with_the_servers_words(
     controller: ControllerProcess, kube: Kube, namespace: str
 ) -> None:
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "no-pods"},
-        "spec": {"hard": {"pods": "0"}},
-    }
-    kube.create(RESOURCE_QUOTAS, quota, namespace)
-    # The test control plane runs no resourcequota controller: record the usage it would.
-    usage = {"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
-    kube.merge_patch(RESOURCE_QUOTAS, "no-pods", usage, namespace, subresource="status")
+    refuse_pods(kube, namespace)
     apply_stack(kube, namespace, "quota", {"stack": "dev"})
     stack = wait_stack(
         kube,

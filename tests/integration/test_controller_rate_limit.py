@@ -28,13 +28,13 @@ from helpers.controller_harness import (
     apply_stack,
     bind_runner,
     install_controller_rbac,
+    refuse_pods,
 )
 
 from pkobatch.api.timestamps import parse_time
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import JOBS, STACKS, Kube, Resource
+from pkobatch.kube.client import JOBS, STACKS, Kube
 
-RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 QPS = 5
 BURST = 10
 EDITS = 500
@@ -49,17 +49,9 @@ LIMITED = {"PKOBATCH_KUBE_QPS": str(QPS), "PKOBATCH_KUBE_BURST": str(BURST)}
 def limited_controller(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[ControllerProcess]:
     install_controller_rbac(cluster.kube)
     bind_runner(cluster.kube, namespace)
-    # No pod can be created: the runs stay pending, so the only load is the controller's.
-    cluster.kube.create(
-        RESOURCE_QUOTAS,
-        {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": "no-pods"},
-            "spec": {"hard": {"pods": "0"}},
-        },
-        namespace,
-    )
+    # No pod can be created (each run fails on it), so the node agent runs nothing and the
+    # only load is the controller's.
+    refuse_pods(cluster.kube, namespace)
     process = ControllerProcess(
         cluster,
         namespace,
