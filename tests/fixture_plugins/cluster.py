@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.controller_harness import release_finalizers
 from helpers.sentinels import Leak, planted, report, scan_objects
 
 from fixture_plugins.tools import in_ci, require_tools
@@ -80,15 +81,7 @@ from pkobatch.dev.environment import NodeKind, dev_environment
 from pkobatch.dev.node import NodeError, RealNode, find_runc
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import NODE_TOOLS, VERSION_CHECK_TOOLS, Tools, available_tools, versions
-from pkobatch.kube.client import (
-    NAMESPACES,
-    SERVICEACCOUNTS,
-    STACKS,
-    Forbidden,
-    Invalid,
-    Kube,
-    NotFound,
-)
+from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
 from pkobatch.kube.pod_logs import ApiPodLogs
 
 RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
@@ -310,26 +303,9 @@ def _test_namespace(kube: Kube, test_name: str) -> Iterator[str]:
     finally:
         with contextlib.suppress(NotFound):  # a test may delete it itself
             kube.delete(NAMESPACES, name)
-        _release_stacks(kube, name)
+        release_finalizers(kube, name)
     if leaks:
         pytest.fail(report(leaks, f"objects of namespace {name}"), pytrace=False)
-
-
-def _release_stacks(kube: Kube, namespace: str) -> None:
-    """Drop the finalizer of every Stack the test left in its deleted namespace.
-
-    The test's controller has stopped by now, so nothing would remove them: the namespace
-    would stay Terminating for the rest of the session, and kube-controller-manager's
-    namespace controller would go on retrying its deletion, listing every resource type in it,
-    load the API server serves beside every later test."""
-    with contextlib.suppress(NotFound):  # a control plane without the Stack CRD
-        stacks, _ = kube.list_objects(STACKS, namespace)
-        for stack in stacks:
-            if stack["metadata"].get("finalizers"):
-                # A policy a test installed may refuse the edit: that namespace stays.
-                with contextlib.suppress(NotFound, Forbidden, Invalid):
-                    name = stack["metadata"]["name"]
-                    kube.merge_patch(STACKS, name, {"metadata": {"finalizers": None}}, namespace)
 
 
 @pytest.fixture(scope="session")

@@ -53,12 +53,16 @@ from pkobatch.kube.client import (
     EVENTS,
     JOBS,
     NAMESPACES,
+    PERSISTENTVOLUMECLAIMS,
     ROLEBINDINGS,
     ROLES,
     SECRETS,
     SERVICEACCOUNTS,
     STACKS,
+    Forbidden,
+    Invalid,
     Kube,
+    NotFound,
     Resource,
 )
 
@@ -162,6 +166,27 @@ def refuse_pods(kube: Kube, namespace: str) -> None:
     kube.create(RESOURCE_QUOTAS, quota, namespace)
     usage = {"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
     kube.merge_patch(RESOURCE_QUOTAS, "no-pods", usage, namespace, subresource="status")
+
+
+def release_finalizers(kube: Kube, namespace: str) -> None:
+    """Drop the finalizers no running controller will remove, so that a deleted namespace
+    really goes: pkobatch's on Stacks (the test's controller has stopped, and may never have
+    reconciled them) and ``kubernetes.io/pvc-protection`` on claims (the test control plane
+    runs no pvc-protection controller).
+
+    A namespace left Terminating is not harmless: kube-controller-manager's namespace
+    controller retries its deletion, a LIST and DELETE of every resource type each time, for
+    the rest of the session."""
+    for resource in (STACKS, PERSISTENTVOLUMECLAIMS):
+        with contextlib.suppress(NotFound):  # a control plane without the Stack CRD
+            items, _ = kube.list_objects(resource, namespace)
+            for item in items:
+                if not item["metadata"].get("finalizers"):
+                    continue
+                # A policy a test installed may refuse the edit: that namespace stays.
+                with contextlib.suppress(NotFound, Forbidden, Invalid):
+                    name = item["metadata"]["name"]
+                    kube.merge_patch(resource, name, {"metadata": {"finalizers": None}}, namespace)
 
 
 def scrape(port: int) -> str:

@@ -22,6 +22,7 @@ from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
+    release_finalizers,
     request_reconcile,
     stack_jobs,
     wait_events,
@@ -58,23 +59,9 @@ def second_namespace(kube: Kube, namespace: str) -> Iterator[str]:
     )
     bind_runner(kube, name)
     yield name
-    release_claims(kube, name)
     with contextlib.suppress(NotFound):
         kube.delete(NAMESPACES, name)
-
-
-def release_claims(kube: Kube, namespace: str) -> None:
-    """Drop the claims' kubernetes.io/pvc-protection finalizer (no controller here removes
-    it), so the namespace can go."""
-    claims, _ = kube.list_objects(PERSISTENTVOLUMECLAIMS, namespace)
-    for claim in claims:
-        with contextlib.suppress(NotFound):
-            kube.merge_patch(
-                PERSISTENTVOLUMECLAIMS,
-                claim["metadata"]["name"],
-                {"metadata": {"finalizers": None}},
-                namespace,
-            )
+    release_finalizers(kube, name)
 
 
 def start_controller(
@@ -193,7 +180,6 @@ def test_each_namespace_gets_its_claim_and_runs_mount_it_once_bound(
         assert cache_volume(last) == {"name": CACHE_VOLUME, "emptyDir": {}}
     finally:
         controller.stop()
-        release_claims(kube, namespace)
 
 
 def test_disabled_cache_leaves_jobs_unchanged_and_creates_no_claim(

@@ -23,6 +23,7 @@ from helpers.controller_harness import (
     apply_stack,
     bind_runner,
     condition,
+    release_finalizers,
     stack_jobs,
     wait_stack,
 )
@@ -62,8 +63,7 @@ def label(kube: Kube, namespace: str, value: str | None) -> None:
 
 @pytest.fixture
 def more_namespaces(kube: Kube, namespace: str) -> Iterator[list[str]]:
-    """Two namespaces besides the test's; every Stack of the three loses its finalizer at the
-    end (the controller has stopped, and may not have reconciled them), so each can go."""
+    """Two namespaces besides the test's, deleted at the end like the test's own."""
     names = [f"{namespace}-{suffix}"[:63] for suffix in ("b", "c")]
     for name in names:
         kube.create(
@@ -72,14 +72,10 @@ def more_namespaces(kube: Kube, namespace: str) -> Iterator[list[str]]:
     try:
         yield names
     finally:
-        for name in [namespace, *names]:
-            for stack in kube.list_objects(STACKS, name)[0]:
-                kube.merge_patch(
-                    STACKS, stack["metadata"]["name"], {"metadata": {"finalizers": None}}, name
-                )
         for name in names:
             with contextlib.suppress(NotFound):
                 kube.delete(NAMESPACES, name)
+            release_finalizers(kube, name)
 
 
 def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
