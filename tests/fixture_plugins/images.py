@@ -108,15 +108,19 @@ class Containers:
         return self.made[target]
 
     def remove(self) -> None:
-        for target, container in self.made.items():
-            self.builder.run("rm", container.container)
+        """Every working container in this storage, then the images they were made from."""
+        self.builder.run("rm", "--all")
+        for target in self.made:
             self.builder.run("rmi", self.images.built[target].reference)
 
 
 @pytest.fixture(scope="session")
 def image_containers(built_images: Images) -> Iterator[Containers]:
-    # A storage of their own: the builder removes any working container left in its storage.
+    # A storage of their own, as the image build empties its storage of working containers.
     containers = Containers(built_images, Builder(images_root() / "containers"))
+    # Those of a session that was killed would keep their images in use, so that the
+    # teardown could not remove them.
+    containers.builder.run("rm", "--all")
     try:
         yield containers
     finally:
