@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.controller_harness import release_finalizers
+from helpers.controller_harness import delete_namespace
 from helpers.sentinels import Leak, planted, report, scan_objects
 
 from fixture_plugins.tools import in_ci, require_tools
@@ -81,7 +81,7 @@ from pkobatch.dev.environment import NodeKind, dev_environment
 from pkobatch.dev.node import NodeError, RealNode, find_runc
 from pkobatch.dev.node_agent import NodeAgent
 from pkobatch.dev.tools import NODE_TOOLS, VERSION_CHECK_TOOLS, Tools, available_tools, versions
-from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube, NotFound
+from pkobatch.kube.client import NAMESPACES, SERVICEACCOUNTS, Kube
 from pkobatch.kube.pod_logs import ApiPodLogs
 
 RUNNER_SERVICE_ACCOUNT = "pkobatch-runner"
@@ -301,9 +301,7 @@ def _test_namespace(kube: Kube, test_name: str) -> Iterator[str]:
     try:
         leaks = scan_objects(kube, planted(), name)
     finally:
-        with contextlib.suppress(NotFound):  # a test may delete it itself
-            kube.delete(NAMESPACES, name)
-        release_finalizers(kube, name)
+        delete_namespace(kube, name)
     if leaks:
         pytest.fail(report(leaks, f"objects of namespace {name}"), pytrace=False)
 

@@ -168,15 +168,18 @@ def refuse_pods(kube: Kube, namespace: str) -> None:
     kube.merge_patch(RESOURCE_QUOTAS, "no-pods", usage, namespace, subresource="status")
 
 
-def release_finalizers(kube: Kube, namespace: str) -> None:
-    """Drop the finalizers no running controller will remove, so that a deleted namespace
-    really goes: pkobatch's on Stacks (the test's controller has stopped, and may never have
-    reconciled them) and ``kubernetes.io/pvc-protection`` on claims (the test control plane
-    runs no pvc-protection controller).
+def delete_namespace(kube: Kube, namespace: str) -> None:
+    """Delete a test's namespace (unless the test did), then drop the finalizers no running
+    controller will remove, so that it really goes: pkobatch's on Stacks (the test's
+    controller has stopped, and may never have reconciled them) and
+    ``kubernetes.io/pvc-protection`` on claims (the test control plane runs no pvc-protection
+    controller).
 
     A namespace left Terminating is not harmless: kube-controller-manager's namespace
     controller retries its deletion, a LIST and DELETE of every resource type each time, for
     the rest of the session."""
+    with contextlib.suppress(NotFound):
+        kube.delete(NAMESPACES, namespace)
     for resource in (STACKS, PERSISTENTVOLUMECLAIMS):
         with contextlib.suppress(NotFound):  # a control plane without the Stack CRD
             items, _ = kube.list_objects(resource, namespace)

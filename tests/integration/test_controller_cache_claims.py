@@ -12,7 +12,6 @@ tests/node.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from helpers.controller_harness import (
     ControllerProcess,
     apply_stack,
     bind_runner,
-    release_finalizers,
+    delete_namespace,
     request_reconcile,
     stack_jobs,
     wait_events,
@@ -34,7 +33,6 @@ from pkobatch.kube.client import (
     PERSISTENTVOLUMECLAIMS,
     SERVICEACCOUNTS,
     Kube,
-    NotFound,
 )
 
 JSON = dict[str, Any]
@@ -59,9 +57,7 @@ def second_namespace(kube: Kube, namespace: str) -> Iterator[str]:
     )
     bind_runner(kube, name)
     yield name
-    with contextlib.suppress(NotFound):
-        kube.delete(NAMESPACES, name)
-    release_finalizers(kube, name)
+    delete_namespace(kube, name)
 
 
 def start_controller(

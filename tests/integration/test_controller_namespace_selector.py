@@ -11,7 +11,6 @@ is reconciled proves the controller has taken every earlier change of that kind.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,14 +22,14 @@ from helpers.controller_harness import (
     apply_stack,
     bind_runner,
     condition,
-    release_finalizers,
+    delete_namespace,
     stack_jobs,
     wait_stack,
 )
 
 from pkobatch.api.constants import FINALIZER
 from pkobatch.dev.processes import wait_until
-from pkobatch.kube.client import NAMESPACES, STACKS, Kube, NotFound
+from pkobatch.kube.client import NAMESPACES, STACKS, Kube
 
 pytestmark = pytest.mark.timeout(600)
 JSON = dict[str, Any]
@@ -73,9 +72,7 @@ def more_namespaces(kube: Kube, namespace: str) -> Iterator[list[str]]:
         yield names
     finally:
         for name in names:
-            with contextlib.suppress(NotFound):
-                kube.delete(NAMESPACES, name)
-            release_finalizers(kube, name)
+            delete_namespace(kube, name)
 
 
 def test_only_stacks_of_namespaces_with_matching_labels_are_reconciled(
