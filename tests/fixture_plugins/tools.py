@@ -24,6 +24,11 @@ own environment with ``pkobatch dev``).
 ``registry_bin`` -> Path: the built OCI registry (distribution's ``registry``)
 (``scripts/tools.sh helm promtool prometheus_operator registry``).
 
+Tests that need a tool ``scripts/test.sh`` builds late (after the Pulumi CLI and the YAML
+host: the Kubernetes provider, the older CLIs, Argo CD's health check, the OCI registry) carry
+the marker ``late_tools``, from the fixtures they use: on a cold machine the script runs the
+e2e tests without it while it builds those tools, and the ones with it after.
+
 ``runner_bundle`` -> Path: the injected runner bundle directory (its launcher is
 ``pkobatch-runner`` in it) of the current sources, built by ``jobs/build-runner-bundle.sh``
 here rather than in scripts/bootstrap.sh, so that a bare ``pytest`` run after an edit tests a
@@ -41,6 +46,16 @@ import pytest
 
 from pkobatch.dev.images import ImageBuildFailed, build_runner_bundle
 from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
+
+LATE_TOOL_FIXTURES = frozenset(
+    {"kubernetes_provider", "pulumi_old_bin", "pulumi_mid_bin", "health_tools", "registry_bin"}
+)
+"""The fixtures of the components of ``scripts/test.sh``'s stage 3."""
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if LATE_TOOL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        item.add_marker("late_tools")
 
 
 def in_ci() -> bool:
