@@ -9,20 +9,22 @@
 #
 #   stage 1  etcd kubernetes helm promtool prometheus_operator kstatus source_controller
 #   stage 2  pulumi yaml
-#   stage 3  kubernetes_provider argocd_health registry pulumi_old pulumi_mid
-#   stage 4  node containerd cni_plugins crictl
+#   stage 3  kubernetes_provider node containerd cni_plugins crictl
+#   stage 4  argocd_health registry pulumi_old pulumi_mid
 #
 #   static checks (ruff, mypy, import-linter)   at once
-#   tests/integration                           after stage 1
-#   tests/e2e -m "not late_tools"               after stage 2, beside the tiers below
-#   tests/e2e -m late_tools                     after that and stage 3 (the tests whose
-#                                               fixtures need stage 3's tools)
-#   tests/unit                                  after stage 3 (a few need the YAML host and
-#                                               the Kubernetes provider)
-#   tests/node                                  after stage 4 (it builds pkobatch's images)
+#   tests/integration, then tests/unit          after stage 1, then after stage 3 (a few unit
+#                                               tests need the YAML host)
+#   tests/e2e -m "not late_tools", then         after stage 2, then after stage 4 (the tests
+#   tests/e2e -m late_tools                     whose fixtures need a tool of stage 3 or 4)
+#   tests/node                                  after stage 3 (it builds pkobatch's images,
+#                                               whose Pulumi base carries the provider)
 #
-# The e2e tier is the longest; splitting it by the marker lets most of it run while the
-# Kubernetes provider (the longest build after the Kubernetes binaries) is still compiling.
+# The three lines run beside each other. The e2e tier is the longest: splitting it by the
+# marker lets most of it run while the Kubernetes provider (the longest build after the
+# Kubernetes binaries) is still compiling. The node tier needs every tool of stages 1-3 and
+# is mostly waits (image builds, kubelet, containers), so it starts as soon as they exist
+# and fills the time the other tiers leave while stage 4 is built.
 #
 # Every tier runs even when another failed; the script fails when any step did, and a tier in
 # which pytest ran no test is a failure. Each tier's and stage's time is printed at the end.
@@ -38,8 +40,8 @@ export CI="${CI:-true}"
 stages=(
   "etcd kubernetes helm promtool prometheus_operator kstatus source_controller"
   "pulumi yaml"
-  "kubernetes_provider argocd_health registry pulumi_old pulumi_mid"
-  "node containerd cni_plugins crictl"
+  "kubernetes_provider node containerd cni_plugins crictl"
+  "argocd_health registry pulumi_old pulumi_mid"
 )
 
 if [ $# -gt 0 ]; then
@@ -127,27 +129,44 @@ mypy --strict pkobatch || failures+=("mypy")
 lint-imports || failures+=("import-linter")
 timings+=("static checks $(elapsed "$began")")
 
-# The e2e tier runs beside the others, its output kept until it ends so that the tiers'
-# outputs do not interleave.
-(
-  timings=() failures=()
-  tier e2e 2 -m "not late_tools" tests/e2e || true
-  tier "e2e late_tools" 3 -m late_tools tests/e2e || true
-  for t in "${timings[@]}"; do echo "timing $t"; done >"$work/e2e-timings"
-  for f in "${failures[@]}"; do echo "$f"; done >"$work/e2e-failures"
-) >"$work/e2e.log" 2>&1 &
-e2e_pid=$!
-background+=("$e2e_pid")
+# Run a line of tiers (a function calling ``tier``) in the background: its output is kept
+# until the end so that the lines' outputs do not interleave.
+background_line() {
+  local line=$1 run=$2
+  (
+    timings=() failures=()
+    "$run" || true
+    for t in "${timings[@]}"; do echo "timing $t"; done >"$work/$line-timings"
+    for f in "${failures[@]}"; do echo "$f"; done >"$work/$line-failures"
+  ) >"$work/$line.log" 2>&1 &
+  lines+=("$line:$!")
+  background+=("$!")
+}
+
+# Wait for a background line; print its output and take in its timings and failures.
+collect_line() {
+  local line=${1%%:*} pid=${1#*:} entry
+  say "waiting for the $line tier"
+  wait "$pid" || true
+  cat "$work/$line.log"
+  while read -r entry; do timings+=("${entry#timing }"); done <"$work/$line-timings"
+  while read -r entry; do [ -n "$entry" ] && failures+=("$entry"); done <"$work/$line-failures"
+}
+
+e2e_line() {
+  tier e2e 2 -m "not late_tools" tests/e2e
+  tier "e2e late_tools" 4 -m late_tools tests/e2e
+}
+node_line() { tier node 3 tests/node; }
+
+lines=()
+background_line e2e e2e_line
+background_line node node_line
 
 tier integration 1 tests/integration
 tier unit 3 tests/unit
-tier node 4 tests/node
 
-say "waiting for the e2e tier"
-wait "$e2e_pid" || true
-cat "$work/e2e.log"
-while read -r line; do timings+=("${line#timing }"); done <"$work/e2e-timings"
-while read -r line; do [ -n "$line" ] && failures+=("$line"); done <"$work/e2e-failures"
+for entry in "${lines[@]}"; do collect_line "$entry"; done
 wait_stage 4 >/dev/null 2>&1 || true
 
 say "tools stages:"

@@ -50,7 +50,7 @@ from pkobatch.dev.tools import Component, Tools, ToolsMissing, find_tools
 LATE_TOOL_FIXTURES = frozenset(
     {"kubernetes_provider", "pulumi_old_bin", "pulumi_mid_bin", "health_tools", "registry_bin"}
 )
-"""The fixtures of the components of ``scripts/test.sh``'s stage 3."""
+"""The fixtures of the components of ``scripts/test.sh``'s stages 3 and 4."""
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
