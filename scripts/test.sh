@@ -14,7 +14,8 @@
 #
 #   static checks (ruff, mypy, import-linter)   at once
 #   tests/integration, then tests/unit          after stage 1, then after stage 3 (a few unit
-#                                               tests need the YAML host)
+#                                               tests need the YAML host and the Kubernetes
+#                                               provider)
 #   tests/e2e -m "not late_tools", then         after stage 2, then after stage 4 (the tests
 #   tests/e2e -m late_tools                     whose fixtures need a tool of stage 3 or 4)
 #   tests/node                                  after stage 3 (it builds pkobatch's images,
